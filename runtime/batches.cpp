@@ -1,0 +1,64 @@
+#include "runtime/batches.h"
+
+#include <torch/torch.h>
+
+#include "runtime/masked_loss.h"
+#include "runtime/models.h"
+#include "runtime/process_group.h"
+
+namespace lockstep {
+
+BatchStream::BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed,
+                         int64_t batch_size)
+    : data_(data), sampler_(data.size(), rank, world_size, seed), batch_size_(batch_size) {
+  start_epoch(0);
+}
+
+void BatchStream::start_epoch(int64_t epoch) {
+  epoch_ = epoch;
+  order_ = torch::tensor(sampler_.indices(epoch), torch::kInt64);
+  position_ = 0;
+}
+
+int64_t BatchStream::batches_per_epoch() const {
+  return (sampler_.samples_per_rank() + batch_size_ - 1) / batch_size_;
+}
+
+Batch BatchStream::next() {
+  if (position_ >= order_.numel()) start_epoch(epoch_ + 1);
+  int64_t count = std::min(batch_size_, order_.numel() - position_);
+  at::Tensor rows = order_.narrow(0, position_, count);
+  position_ += count;
+  return Batch{data_.images.index_select(0, rows), data_.labels.index_select(0, rows), epoch_};
+}
+
+EvalResult evaluate(Model& model, const Dataset& test, int rank, int world_size,
+                    int64_t batch_size, CollectiveGroup& group) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  double loss_sum = 0, correct = 0, count = 0;
+  at::Tensor mine = torch::arange(rank, test.size(), world_size, torch::kInt64);
+  for (int64_t start = 0; start < mine.numel(); start += batch_size) {
+    at::Tensor rows = mine.narrow(0, start, std::min(batch_size, mine.numel() - start));
+    at::Tensor labels = test.labels.index_select(0, rows);
+    at::Tensor logits = model.forward(test.images.index_select(0, rows));
+    MaskedLoss loss = masked_cross_entropy_sum(logits, labels);
+    loss_sum += loss.sum.item<double>();
+    correct += logits.argmax(1).eq(labels).sum().item<double>();
+    count += double(loss.valid);
+  }
+  model.train(was_training);
+  std::vector<at::Tensor> totals{torch::tensor({loss_sum, correct, count}, torch::kDouble)};
+  group.allreduce_sum(totals).wait();
+  auto sums = totals[0];
+  EvalResult result;
+  result.samples = int64_t(sums[2].item<double>());
+  if (result.samples > 0) {
+    result.loss = sums[0].item<double>() / double(result.samples);
+    result.accuracy = sums[1].item<double>() / double(result.samples);
+  }
+  return result;
+}
+
+}  // namespace lockstep

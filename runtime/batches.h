@@ -1,0 +1,50 @@
+#pragma once
+// This rank's stream of training microbatches, epoch after epoch, in the
+// order DistributedSampler gives. Every batch owns fresh tensors, so a batch
+// kept for gradient accumulation is never overwritten by the next one.
+#include <cstdint>
+#include <vector>
+
+#include "runtime/dataset.h"
+#include "runtime/sampler.h"
+
+namespace lockstep {
+
+struct Batch {
+  at::Tensor images;
+  at::Tensor labels;
+  int64_t epoch = 0;
+};
+
+class BatchStream {
+ public:
+  BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed, int64_t batch_size);
+  Batch next();
+  // Batches per epoch on this rank (the last one may be smaller).
+  int64_t batches_per_epoch() const;
+
+ private:
+  void start_epoch(int64_t epoch);
+
+  const Dataset& data_;
+  DistributedSampler sampler_;
+  int64_t batch_size_;
+  int64_t epoch_ = -1;
+  at::Tensor order_;     // this epoch's indices
+  int64_t position_ = 0;
+};
+
+struct EvalResult {
+  double loss = 0.0;      // mean over the whole test set
+  double accuracy = 0.0;
+  int64_t samples = 0;
+};
+
+class Model;
+class CollectiveGroup;
+// Evaluates on the test set: rank r takes samples r, r + W, ...; sums are
+// all-reduced on `group`, so every rank returns the same figures.
+EvalResult evaluate(Model& model, const Dataset& test, int rank, int world_size,
+                    int64_t batch_size, CollectiveGroup& group);
+
+}  // namespace lockstep

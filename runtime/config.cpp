@@ -1,0 +1,352 @@
+#include "runtime/config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+#include <toml++/toml.h>
+
+#include "runtime/errors.h"
+
+namespace lockstep {
+namespace {
+
+using Value = std::variant<int64_t, double, bool, std::string>;
+enum class Kind { kInt, kFloat, kBool, kString };
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// One key of the job file: its type, what is allowed, and where it lives in
+// JobConfig.
+struct KeySpec {
+  std::string key;
+  Kind kind;
+  std::function<void(JobConfig&, const Value&)> set;
+  std::function<Value(const JobConfig&)> get;
+  double min = -kInf;
+  double max = kInf;
+  bool min_open = false;  // min itself is not allowed
+  std::vector<std::string> choices = {};
+  bool allow_empty = false;
+};
+
+void assign(int64_t& field, const Value& v) { field = std::get<int64_t>(v); }
+void assign(double& field, const Value& v) { field = std::get<double>(v); }
+void assign(bool& field, const Value& v) { field = std::get<bool>(v); }
+void assign(std::string& field, const Value& v) { field = std::get<std::string>(v); }
+
+#define LOCKSTEP_FIELD(MEMBER)                                     \
+  [](JobConfig& c, const Value& v) { assign(c.MEMBER, v); },       \
+      [](const JobConfig& c) -> Value { return Value(c.MEMBER); }
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> specs = {
+      {"job.name", Kind::kString, LOCKSTEP_FIELD(job.name)},
+      {"job.world_size", Kind::kInt, LOCKSTEP_FIELD(job.world_size), 1, 4096},
+      {"job.seed", Kind::kInt, LOCKSTEP_FIELD(job.seed), 0, 4.6e18},
+      {"job.steps", Kind::kInt, LOCKSTEP_FIELD(job.steps), 0, 1e12},
+      {"job.epochs", Kind::kFloat, LOCKSTEP_FIELD(job.epochs), 0, 1e6},
+      {"job.run_dir", Kind::kString, LOCKSTEP_FIELD(job.run_dir)},
+      {"job.log_every", Kind::kInt, LOCKSTEP_FIELD(job.log_every), 1, 1e12},
+      {"model.name", Kind::kString, LOCKSTEP_FIELD(model.name)},
+      {"model.dropout", Kind::kFloat, LOCKSTEP_FIELD(model.dropout), 0, 0.99},
+      {"data.name", Kind::kString, LOCKSTEP_FIELD(data.name), -kInf, kInf, false,
+       {"fashion-mnist", "synthetic"}},
+      {"data.path", Kind::kString, LOCKSTEP_FIELD(data.path)},
+      {"data.batch_size", Kind::kInt, LOCKSTEP_FIELD(data.batch_size), 1, 1 << 20},
+      {"data.synthetic_samples", Kind::kInt, LOCKSTEP_FIELD(data.synthetic_samples), 1, 1e8},
+      {"data.missing_targets", Kind::kFloat, LOCKSTEP_FIELD(data.missing_targets), 0, 1},
+      {"optim.name", Kind::kString, LOCKSTEP_FIELD(optim.name), -kInf, kInf, false,
+       {"sgd", "adamw"}},
+      {"optim.lr", Kind::kFloat, LOCKSTEP_FIELD(optim.lr), 0, 1e3, true},
+      {"optim.momentum", Kind::kFloat, LOCKSTEP_FIELD(optim.momentum), 0, 0.9999},
+      {"optim.weight_decay", Kind::kFloat, LOCKSTEP_FIELD(optim.weight_decay), 0, 1e3},
+      {"optim.clip_norm", Kind::kFloat, LOCKSTEP_FIELD(optim.clip_norm), 0, 1e12},
+      {"optim.warmup_steps", Kind::kInt, LOCKSTEP_FIELD(optim.warmup_steps), 0, 1e12},
+      {"optim.schedule", Kind::kString, LOCKSTEP_FIELD(optim.schedule), -kInf, kInf, false,
+       {"constant", "cosine"}},
+      {"train.accum_steps", Kind::kInt, LOCKSTEP_FIELD(train.accum_steps), 1, 1e6},
+      {"eval.every", Kind::kInt, LOCKSTEP_FIELD(eval.every), 0, 1e12},
+      {"eval.batch_size", Kind::kInt, LOCKSTEP_FIELD(eval.batch_size), 1, 1 << 20},
+      {"comm.backend", Kind::kString, LOCKSTEP_FIELD(comm.backend), -kInf, kInf, false,
+       {"auto", "gloo", "nccl"}},
+      {"comm.bucket_mb", Kind::kFloat, LOCKSTEP_FIELD(comm.bucket_mb), 0, 1024, true},
+      {"comm.barrier_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.barrier_timeout_s), 0, 86400,
+       true},
+      {"comm.collective_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.collective_timeout_s), 0,
+       86400, true},
+      {"comm.rendezvous_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.rendezvous_timeout_s), 0,
+       86400, true},
+      {"device", Kind::kString, LOCKSTEP_FIELD(device), -kInf, kInf, false,
+       {"auto", "cpu", "gpu"}},
+      {"precision", Kind::kString, LOCKSTEP_FIELD(precision), -kInf, kInf, false,
+       {"auto", "fp32", "bf16", "fp16"}},
+      {"test.no_reseed", Kind::kBool, LOCKSTEP_FIELD(test.no_reseed)},
+      {"test.hold_rank", Kind::kInt, LOCKSTEP_FIELD(test.hold_rank), -1, 4095},
+      {"test.hold_s", Kind::kFloat, LOCKSTEP_FIELD(test.hold_s), 0, 3600},
+      {"test.fail_rank", Kind::kInt, LOCKSTEP_FIELD(test.fail_rank), -1, 4095},
+      {"test.fail_step", Kind::kInt, LOCKSTEP_FIELD(test.fail_step), -1, 1e12},
+      {"test.fail_kind", Kind::kString, LOCKSTEP_FIELD(test.fail_kind), -kInf, kInf, false,
+       {"exit", "nan_loss"}},
+  };
+  return specs;
+}
+#undef LOCKSTEP_FIELD
+
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
+std::string format_number(double x) {
+  std::ostringstream s;
+  s << x;
+  return s.str();
+}
+
+std::string kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::kInt: return "an integer";
+    case Kind::kFloat: return "a number";
+    case Kind::kBool: return "true or false";
+    case Kind::kString: return "a string";
+  }
+  return "?";
+}
+
+// "an integer >= 1", "a number in (0, 1024]", "one of: sgd, adamw".
+std::string allowed(const KeySpec& spec) {
+  if (!spec.choices.empty()) return "one of: " + join(spec.choices, ", ");
+  std::string text = kind_name(spec.kind);
+  bool has_min = spec.min > -kInf, has_max = spec.max < kInf;
+  if (has_min && has_max) {
+    text += " in " + std::string(spec.min_open ? "(" : "[") + format_number(spec.min) + ", " +
+            format_number(spec.max) + "]";
+  } else if (has_min) {
+    text += (spec.min_open ? " > " : " >= ") + format_number(spec.min);
+  } else if (spec.kind == Kind::kString && !spec.allow_empty) {
+    text = "a non-empty string";
+  }
+  return text;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+const KeySpec* find_spec(const std::string& key) {
+  for (const auto& spec : schema())
+    if (spec.key == key) return &spec;
+  return nullptr;
+}
+
+[[noreturn]] void unknown_key(const std::string& where, const std::string& key) {
+  std::string best;
+  size_t best_distance = 3;
+  for (const auto& spec : schema()) {
+    size_t d = edit_distance(key, spec.key);
+    if (d < best_distance) best_distance = d, best = spec.key;
+  }
+  std::string hint = best.empty() ? "" : " (did you mean '" + best + "'?)";
+  throw InputError(where + ": unknown key '" + key + "'" + hint + "; known keys: " +
+                   join(known_keys(), ", "));
+}
+
+// Checks range and choices; throws naming the key.
+void check_value(const std::string& where, const KeySpec& spec, const Value& value,
+                 const std::string& shown) {
+  auto fail = [&] {
+    throw InputError(where + ": key '" + spec.key + "' must be " + allowed(spec) + ", got " +
+                     shown);
+  };
+  if (spec.kind == Kind::kInt || spec.kind == Kind::kFloat) {
+    double x = spec.kind == Kind::kInt ? double(std::get<int64_t>(value)) : std::get<double>(value);
+    if (!std::isfinite(x) || x < spec.min || x > spec.max || (spec.min_open && x == spec.min))
+      fail();
+  } else if (spec.kind == Kind::kString) {
+    const auto& s = std::get<std::string>(value);
+    if (s.empty() && !spec.allow_empty) fail();
+    if (!spec.choices.empty() &&
+        std::find(spec.choices.begin(), spec.choices.end(), s) == spec.choices.end())
+      fail();
+  }
+}
+
+void set_value(JobConfig& config, const KeySpec& spec, const Value& value,
+               const std::string& where, const std::string& shown, const std::string& source) {
+  check_value(where, spec, value, shown);
+  spec.set(config, value);
+  config.sources[spec.key] = source;
+}
+
+Value from_toml(const std::string& where, const KeySpec& spec, const toml::node& node) {
+  auto wrong = [&](const std::string& got) -> Value {
+    throw InputError(where + ": key '" + spec.key + "' must be " + allowed(spec) + ", got " + got);
+  };
+  switch (spec.kind) {
+    case Kind::kInt:
+      if (auto v = node.value_exact<int64_t>()) return *v;
+      break;
+    case Kind::kFloat:
+      if (auto v = node.value_exact<double>()) return *v;
+      if (auto v = node.value_exact<int64_t>()) return double(*v);
+      break;
+    case Kind::kBool:
+      if (auto v = node.value_exact<bool>()) return *v;
+      break;
+    case Kind::kString:
+      if (auto v = node.value_exact<std::string>()) return *v;
+      break;
+  }
+  std::ostringstream shown;
+  shown << node.type() << " ";
+  if (node.is_table()) shown << "(a table)";
+  else if (node.is_array()) shown << "(an array)";
+  else node.visit([&](auto&& n) { shown << n; });
+  return wrong(shown.str());
+}
+
+Value from_text(const std::string& where, const KeySpec& spec, std::string text) {
+  auto wrong = [&]() -> Value {
+    throw InputError(where + ": key '" + spec.key + "' must be " + allowed(spec) + ", got '" +
+                     text + "'");
+  };
+  switch (spec.kind) {
+    case Kind::kInt: {
+      int64_t v = 0;
+      auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (ec != std::errc() || end != text.data() + text.size()) return wrong();
+      return v;
+    }
+    case Kind::kFloat: {
+      char* end = nullptr;
+      double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || end != text.c_str() + text.size()) return wrong();
+      return v;
+    }
+    case Kind::kBool:
+      if (text == "true") return true;
+      if (text == "false") return false;
+      return wrong();
+    case Kind::kString:
+      if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
+          text.back() == text.front())
+        text = text.substr(1, text.size() - 2);
+      return text;
+  }
+  return wrong();
+}
+
+void apply_table(JobConfig& config, const toml::table& table, const std::string& prefix,
+                 const std::string& file) {
+  for (const auto& [raw_key, node] : table) {
+    std::string key = prefix.empty() ? std::string(raw_key.str())
+                                     : prefix + "." + std::string(raw_key.str());
+    const KeySpec* spec = find_spec(key);
+    std::string where = file;
+    if (auto line = node.source().begin.line) where += ":" + std::to_string(line);
+    if (!spec && node.is_table() && prefix.empty()) {
+      bool known_section = false;
+      for (const auto& s : schema()) known_section |= s.key.rfind(key + ".", 0) == 0;
+      if (!known_section) unknown_key(where, key);
+      apply_table(config, *node.as_table(), key, file);
+      continue;
+    }
+    if (!spec) unknown_key(where, key);
+    Value value = from_toml(where, *spec, node);
+    std::ostringstream shown;
+    node.visit([&](auto&& n) { shown << n; });
+    set_value(config, *spec, value, where, shown.str(), file);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> known_keys() {
+  std::vector<std::string> keys;
+  for (const auto& spec : schema()) keys.push_back(spec.key);
+  return keys;
+}
+
+void apply_overrides(JobConfig& config, const std::vector<std::string>& overrides) {
+  for (const auto& item : overrides) {
+    std::string where = "--set " + item;
+    auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw InputError(where + ": expected key=value, for example --set optim.lr=0.1");
+    std::string key = item.substr(0, eq);
+    const KeySpec* spec = find_spec(key);
+    if (!spec) unknown_key(where, key);
+    std::string text = item.substr(eq + 1);
+    set_value(config, *spec, from_text(where, *spec, text), where, "'" + text + "'", "--set");
+  }
+}
+
+void validate(const JobConfig& config) {
+  const auto& job = config.job;
+  if ((job.steps > 0) == (job.epochs > 0))
+    throw InputError("set exactly one of job.steps and job.epochs (now job.steps = " +
+                     std::to_string(job.steps) + ", job.epochs = " + format_number(job.epochs) +
+                     ")");
+  auto rank_key = [&](const char* key, int64_t rank) {
+    if (rank >= job.world_size)
+      throw InputError("key '" + std::string(key) + "' = " + std::to_string(rank) +
+                       " names no rank: job.world_size is " + std::to_string(job.world_size) +
+                       " (allowed: -1 or 0.." + std::to_string(job.world_size - 1) + ")");
+  };
+  rank_key("test.hold_rank", config.test.hold_rank);
+  rank_key("test.fail_rank", config.test.fail_rank);
+  if (config.data.name != "synthetic" && config.data.missing_targets > 0)
+    throw InputError("key 'data.missing_targets' applies to data.name = synthetic only (now " +
+                     config.data.name + ")");
+}
+
+JobConfig load_job_config(const std::string& path, const std::vector<std::string>& overrides) {
+  JobConfig config;
+  for (const auto& spec : schema()) config.sources[spec.key] = "default";
+  config.job_file = path;
+  toml::table table;
+  try {
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source();
+    if (!where.path || e.description().find("File could not be opened") != std::string::npos)
+      throw InputError(path + ": cannot read job file (" + std::string(e.description()) + ")");
+    throw InputError(path + ":" + std::to_string(where.begin.line) + ": TOML syntax error: " +
+                     std::string(e.description()));
+  }
+  apply_table(config, table, "", path);
+  apply_overrides(config, overrides);
+  validate(config);
+  return config;
+}
+
+nlohmann::json to_json(const JobConfig& config) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& spec : schema()) {
+    auto dot = spec.key.find('.');
+    nlohmann::json& slot = dot == std::string::npos
+                               ? out[spec.key]
+                               : out[spec.key.substr(0, dot)][spec.key.substr(dot + 1)];
+    std::visit([&](const auto& v) { slot = v; }, spec.get(config));
+  }
+  return out;
+}
+
+}  // namespace lockstep

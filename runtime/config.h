@@ -1,0 +1,110 @@
+#pragma once
+// The job configuration: one TOML file plus `--set key=value` overrides,
+// parsed once into plain structs. Every key has a type, a default and an
+// allowed range; an unknown key, a wrong type or a value out of range is an
+// InputError naming the key and what is allowed. Nothing below this file
+// reads the TOML tree or the environment.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace lockstep {
+
+struct JobSection {
+  std::string name = "lockstep";  // used in the run id
+  int64_t world_size = 1;         // ranks in the job
+  int64_t seed = 0;               // shared init seed; rank r trains with seed + r
+  int64_t steps = 0;              // optimizer steps (exactly one of steps/epochs)
+  double epochs = 0;              // passes over the training set
+  std::string run_dir = "./runs"; // where runs/<run-id>/ is written
+  int64_t log_every = 50;         // steps between logged events
+};
+
+struct ModelSection {
+  std::string name = "cnn";  // a name in the model registry
+  double dropout = 0.25;     // dropout before the last layer (cnn)
+};
+
+struct DataSection {
+  std::string name = "fashion-mnist";  // fashion-mnist | synthetic
+  std::string path = "/usr/share/datasets/fashion-mnist";
+  int64_t batch_size = 64;               // per rank, per microbatch
+  int64_t synthetic_samples = 4096;      // training samples of the synthetic set
+  double missing_targets = 0.0;          // synthetic: share of labels set to -1
+};
+
+struct OptimSection {
+  std::string name = "sgd";  // sgd | adamw
+  double lr = 0.05;
+  double momentum = 0.9;       // sgd only
+  double weight_decay = 0.0;
+  double clip_norm = 0.0;      // global-norm clipping; 0 = off
+  int64_t warmup_steps = 0;    // linear warmup from 0 to lr
+  std::string schedule = "constant";  // constant | cosine
+};
+
+struct TrainSection {
+  int64_t accum_steps = 1;  // microbatches per optimizer step
+};
+
+struct EvalSection {
+  int64_t every = 0;         // steps between evaluations; 0 = only at the end
+  int64_t batch_size = 1000;
+};
+
+struct CommSection {
+  std::string backend = "auto";        // auto | gloo | nccl (data group)
+  double bucket_mb = 25.0;             // gradient bytes per all-reduce
+  double barrier_timeout_s = 60.0;     // control group: barriers, checks
+  double collective_timeout_s = 300.0; // data group: gradient all-reduce
+  double rendezvous_timeout_s = 120.0; // reaching the store, connecting the groups
+};
+
+// Switches that exist so tests can make the checks fail. Never needed in a
+// real job; each one that is set is logged as a warning.
+struct TestSection {
+  bool no_reseed = false;       // skip manual_seed(seed + rank)
+  int64_t hold_rank = -1;       // this rank sleeps hold_s before the start barrier
+  double hold_s = 0.0;
+  int64_t fail_rank = -1;       // this rank fails at fail_step ...
+  int64_t fail_step = -1;
+  std::string fail_kind = "exit";  // ... by exiting (status 3) | nan_loss
+};
+
+struct JobConfig {
+  JobSection job;
+  ModelSection model;
+  DataSection data;
+  OptimSection optim;
+  TrainSection train;
+  EvalSection eval;
+  CommSection comm;
+  TestSection test;
+  std::string device = "auto";     // auto | cpu | gpu
+  std::string precision = "auto";  // auto | fp32 | bf16 | fp16
+
+  // Where each key's value came from: "default", the job file, or "--set".
+  std::map<std::string, std::string> sources;
+  std::string job_file;  // path it was read from ("" when built in code)
+};
+
+// Reads `path`, applies `overrides` ("key=value", later wins) and validates.
+// Throws InputError naming the file, key and allowed values.
+JobConfig load_job_config(const std::string& path, const std::vector<std::string>& overrides);
+
+// Applies overrides to an existing config (used by tests and by load).
+void apply_overrides(JobConfig& config, const std::vector<std::string>& overrides);
+
+// Cross-key checks (steps xor epochs, ...). Throws InputError.
+void validate(const JobConfig& config);
+
+// Every key with its value, as written into manifest.json.
+nlohmann::json to_json(const JobConfig& config);
+
+// All known keys, for error messages and documentation.
+std::vector<std::string> known_keys();
+
+}  // namespace lockstep

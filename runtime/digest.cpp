@@ -1,0 +1,51 @@
+#include "runtime/digest.h"
+
+#include <cstdio>
+
+#include <torch/torch.h>
+#include <xxhash.h>
+
+namespace lockstep {
+
+std::string TensorDigest::hex() const {
+  char text[33];
+  std::snprintf(text, sizeof text, "%016llx%016llx", static_cast<unsigned long long>(high),
+                static_cast<unsigned long long>(low));
+  return text;
+}
+
+uint64_t hash_bytes(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+TensorDigest digest(const at::Tensor& tensor) {
+  at::Tensor t = tensor.device().is_cpu() ? tensor.detach() : tensor.detach().cpu();
+  if (!t.is_contiguous()) t = t.contiguous();
+  XXH128_hash_t h = XXH3_128bits(t.data_ptr(), size_t(t.numel()) * t.element_size());
+  TensorDigest d;
+  d.high = h.high64;
+  d.low = h.low64;
+  d.sum = t.numel() ? t.to(at::kDouble).sum().item<double>() : 0.0;
+  return d;
+}
+
+NamedDigests module_digests(const torch::nn::Module& module, bool buffers) {
+  NamedDigests out;
+  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), digest(item.value()));
+  if (buffers)
+    for (const auto& item : module.named_buffers()) out.emplace_back(item.key(), digest(item.value()));
+  return out;
+}
+
+std::string combined_hex(const NamedDigests& digests) {
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_128bits_reset(state);
+  for (const auto& [name, d] : digests) {
+    XXH3_128bits_update(state, name.data(), name.size());
+    XXH3_128bits_update(state, &d.high, sizeof d.high);
+    XXH3_128bits_update(state, &d.low, sizeof d.low);
+  }
+  XXH128_hash_t h = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
+  return TensorDigest{h.high64, h.low64, 0.0}.hex();
+}
+
+}  // namespace lockstep

@@ -1,0 +1,87 @@
+#include "runtime/run_folder.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <random>
+
+#include "runtime/errors.h"
+
+namespace lockstep {
+
+std::string new_run_id(const std::string& job_name) {
+  std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &local);
+  std::random_device device;
+  char suffix[8];
+  std::snprintf(suffix, sizeof suffix, "%04x", device() & 0xffff);
+  std::string name;
+  for (char c : job_name) name += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ? c : '_';
+  return name + "-" + stamp + "-" + suffix;
+}
+
+void write_file_atomically(const std::string& path, const std::string& contents) {
+  const std::string temp = path + ".tmp." + std::to_string(::getpid());
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw RunError("cannot write " + temp + ": " + std::strerror(errno));
+  size_t done = 0;
+  while (done < contents.size()) {
+    ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
+    if (n < 0) {
+      ::close(fd);
+      throw RunError("cannot write " + temp + ": " + std::strerror(errno));
+    }
+    done += size_t(n);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  if (::rename(temp.c_str(), path.c_str()) != 0)
+    throw RunError("cannot rename " + temp + " to " + path + ": " + std::strerror(errno));
+  std::string folder = std::filesystem::path(path).parent_path().string();
+  int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+RunFolder::RunFolder(const std::string& root, const std::string& run_id)
+    : path_(root + "/" + run_id), run_id_(run_id) {}
+
+void RunFolder::create() const {
+  std::error_code error;
+  std::filesystem::create_directories(path_, error);
+  if (error) throw RunError("cannot create run folder " + path_ + ": " + error.message());
+}
+
+void RunFolder::write_manifest(const nlohmann::json& manifest) const {
+  write_file_atomically(file("manifest.json"), manifest.dump(2) + "\n");
+}
+
+EventWriter::EventWriter(const std::string& path) {
+  file_ = std::fopen(path.c_str(), "a");
+  if (!file_) throw RunError("cannot open " + path + " for appending: " + std::strerror(errno));
+}
+
+EventWriter::~EventWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void EventWriter::write(nlohmann::json event) {
+  event["time"] = std::chrono::duration<double>(
+                      std::chrono::system_clock::now().time_since_epoch()).count();
+  std::string line = event.dump() + "\n";
+  std::fwrite(line.data(), 1, line.size(), file_);
+  std::fflush(file_);
+}
+
+}  // namespace lockstep

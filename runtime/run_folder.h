@@ -1,0 +1,48 @@
+#pragma once
+// The run folder runs/<run-id>/: manifest.json (rewritten whole, atomically,
+// at start and end) and one events-rank<N>.jsonl per rank (appended, one
+// JSON object per line, flushed per line).
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace lockstep {
+
+// "<job-name>-YYYYmmdd-HHMMSS-<4 hex>", unique enough for one machine.
+std::string new_run_id(const std::string& job_name);
+
+// Writes `contents` to `path` via a temporary file, fsync and rename, so a
+// reader sees the old file or the new one, never half of one.
+void write_file_atomically(const std::string& path, const std::string& contents);
+
+class RunFolder {
+ public:
+  // Names runs/<run-id> under `root`; create() makes it (rank 0 only).
+  RunFolder(const std::string& root, const std::string& run_id);
+  void create() const;
+  const std::string& path() const { return path_; }
+  const std::string& run_id() const { return run_id_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  void write_manifest(const nlohmann::json& manifest) const;
+
+ private:
+  std::string path_;
+  std::string run_id_;
+};
+
+// Appends JSON lines to a file. Not thread-safe.
+class EventWriter {
+ public:
+  explicit EventWriter(const std::string& path);
+  ~EventWriter();
+  EventWriter(const EventWriter&) = delete;
+  EventWriter& operator=(const EventWriter&) = delete;
+  // Adds "time" (seconds since the epoch) and writes one line.
+  void write(nlohmann::json event);
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,198 @@
+#include "runtime/trainer.h"
+
+#include <cmath>
+#include <cstdlib>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "optim/clip.h"
+#include "optim/optimizer.h"
+#include "runtime/errors.h"
+#include "runtime/masked_loss.h"
+#include "runtime/progress.h"
+#include "runtime/reducer.h"
+
+namespace lockstep {
+namespace {
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// Test-only failure injection (test.fail_*), so the launcher's and the
+// trainer's failure paths can be exercised with real processes.
+void maybe_fail(const JobConfig& config, int rank, int64_t step, at::Tensor& loss_sum) {
+  if (config.test.fail_rank != rank || config.test.fail_step != step) return;
+  if (config.test.fail_kind == "exit") {
+    spdlog::error("test.fail_kind = exit: rank {} exits with status 3 at step {}", rank, step);
+    std::fflush(nullptr);
+    std::_Exit(3);
+  }
+  loss_sum = loss_sum * std::numeric_limits<float>::quiet_NaN();
+}
+
+}  // namespace
+
+nlohmann::json TrainingResult::to_json() const {
+  return {{"steps", steps},
+          {"samples", samples},
+          {"final_train_loss", final_loss},
+          {"test_loss", last_eval.loss},
+          {"test_accuracy", last_eval.accuracy},
+          {"test_samples", last_eval.samples},
+          {"masked_targets", masked_targets},
+          {"skipped_steps", skipped_steps},
+          {"clipped_steps", clipped_steps},
+          {"shared_gradient_storage", shared_gradients}};
+}
+
+int64_t total_steps(const JobConfig& config, int64_t batches_per_epoch) {
+  if (config.job.steps > 0) return config.job.steps;
+  double batches = config.job.epochs * double(batches_per_epoch);
+  return std::max<int64_t>(1, int64_t(std::ceil(batches / double(config.train.accum_steps))));
+}
+
+TrainingResult train(TrainerParts parts) {
+  const JobConfig& config = parts.config;
+  Model& model = *parts.model;
+  TrainingResult result;
+
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  std::vector<at::Tensor> params;
+  for (const auto& item : model.named_parameters()) {
+    named.emplace_back(item.key(), item.value());
+    params.push_back(item.value());
+  }
+  ReducerOptions reducer_options;
+  reducer_options.bucket_bytes = std::max<int64_t>(1, int64_t(config.comm.bucket_mb * (1 << 20)));
+  GradientReducer reducer(named, parts.data_group, reducer_options);
+  parts.decisions.record("gradient_buckets", std::to_string(reducer.bucket_count()),
+                         "comm.bucket_mb = " + fmt::format("{:g}", config.comm.bucket_mb) +
+                             ", first bucket at most 1 MiB, reverse registration order");
+
+  auto optimizer = optim::make_optimizer(
+      params, {config.optim.name, config.optim.lr, config.optim.momentum, config.optim.weight_decay});
+  BatchStream batches(parts.data.train, parts.rank, parts.world_size, uint64_t(config.job.seed),
+                      config.data.batch_size);
+  const int64_t steps = total_steps(config, batches.batches_per_epoch());
+  optim::ScheduleSpec schedule{config.optim.lr, config.optim.warmup_steps, steps,
+                               config.optim.schedule};
+  if (parts.rank == 0)
+    spdlog::info("training {} steps: {} batches of {} per rank per epoch, accum_steps {}, {} ranks",
+                 steps, batches.batches_per_epoch(), config.data.batch_size,
+                 config.train.accum_steps, parts.world_size);
+
+  ProgressPrinter progress(steps, parts.terminal, config.job.log_every);
+  PhaseTimer& timer = parts.timer;
+  model.train();
+  double window_loss = 0, window_samples = 0, window_seconds = 0;
+  int64_t window_steps = 0;
+  bool reported_sharing = false;
+
+  for (int64_t step = 0; step < steps; ++step) {
+    const auto step_start = PhaseTimer::Clock::now();
+    const double lr = optim::scheduled_lr(schedule, step);
+    optim::set_lr(*optimizer, lr);
+    optimizer->zero_grad();
+
+    double local_valid = 0, local_loss_sum = 0;
+    for (int64_t micro = 0; micro < config.train.accum_steps; ++micro) {
+      Batch batch;
+      {
+        auto scope = timer.measure(Phase::kData);
+        batch = batches.next();
+      }
+      auto scope = timer.measure(Phase::kForwardBackward);
+      MaskedLoss loss = masked_cross_entropy_sum(model.forward(batch.images), batch.labels);
+      maybe_fail(config, parts.rank, step, loss.sum);
+      const double value = loss.sum.item<double>();
+      if (!std::isfinite(value))
+        throw RunError("non-finite training loss (" + std::to_string(value) + ") at step " +
+                       std::to_string(step) + " on rank " + std::to_string(parts.rank) +
+                       " (epoch " + std::to_string(batch.epoch) + ", microbatch " +
+                       std::to_string(micro) + ")");
+      loss.sum.backward();
+      local_valid += double(loss.valid);
+      local_loss_sum += value;
+      result.masked_targets += loss.masked;
+    }
+
+    double global_valid = 0;
+    {
+      auto scope = timer.measure(Phase::kCommWait);
+      global_valid = reducer.allreduce_mean(local_valid);
+    }
+    result.steps = step + 1;
+    if (global_valid == 0) {
+      ++result.skipped_steps;
+      spdlog::warn("step {}: no valid target in the global batch on any rank; no update", step);
+      parts.events.write({{"event", "skipped_step"}, {"step", step}, {"reason", "no valid target"}});
+      continue;
+    }
+    result.samples += int64_t(global_valid);
+    {
+      auto scope = timer.measure(Phase::kOptimizer);
+      optim::ClipResult clip = optim::clip_grad_norm(named, config.optim.clip_norm);
+      if (!clip.shared_storage.empty() && !reported_sharing) {
+        reported_sharing = true;
+        result.shared_gradients = clip.shared_storage;
+        for (const auto& group : clip.shared_storage)
+          parts.decisions.record("clip_shared_storage", join_names(group),
+                                 "these gradients share one storage: counted and scaled once",
+                                 /*warn=*/true);
+      }
+      if (clip.nonfinite > 0)
+        throw RunError(std::to_string(clip.nonfinite) + " non-finite gradient values at step " +
+                       std::to_string(step) + " on rank " + std::to_string(parts.rank) +
+                       " (after the all-reduce: every rank sees them)");
+      result.clipped_steps += clip.clipped;
+      optimizer->step();
+    }
+
+    const double step_seconds =
+        std::chrono::duration<double>(PhaseTimer::Clock::now() - step_start).count();
+    window_loss += local_valid > 0 ? local_loss_sum / local_valid : 0.0;
+    window_samples += global_valid;
+    window_seconds += step_seconds;
+    ++window_steps;
+    const double samples_per_s = window_seconds > 0 ? window_samples / window_seconds : 0.0;
+    const double mean_loss = window_loss / double(window_steps);
+    if (parts.rank == 0) progress.update(step + 1, mean_loss, lr, samples_per_s);
+    if ((step + 1) % config.job.log_every == 0 || step + 1 == steps) {
+      result.final_loss = mean_loss;
+      parts.events.write({{"event", "step"},
+                          {"step", step + 1},
+                          {"loss", mean_loss},
+                          {"lr", lr},
+                          {"samples_per_s", samples_per_s},
+                          {"phases", timer.to_json(0)}});
+      window_loss = window_samples = window_seconds = 0;
+      window_steps = 0;
+    }
+    const bool eval_now = config.eval.every > 0 && (step + 1) % config.eval.every == 0;
+    if (eval_now && step + 1 < steps) {
+      auto scope = timer.measure(Phase::kEval);
+      result.last_eval = evaluate(model, parts.data.test, parts.rank, parts.world_size,
+                                  config.eval.batch_size, parts.data_group);
+      parts.events.write({{"event", "eval"}, {"step", step + 1}, {"loss", result.last_eval.loss},
+                          {"accuracy", result.last_eval.accuracy}});
+      if (parts.rank == 0)
+        spdlog::info("eval at step {}: test loss {:.4f}, accuracy {:.4f}", step + 1,
+                     result.last_eval.loss, result.last_eval.accuracy);
+    }
+  }
+  progress.finish();
+  {
+    auto scope = timer.measure(Phase::kEval);
+    result.last_eval = evaluate(model, parts.data.test, parts.rank, parts.world_size,
+                                config.eval.batch_size, parts.data_group);
+  }
+  parts.events.write({{"event", "eval"}, {"step", steps}, {"loss", result.last_eval.loss},
+                      {"accuracy", result.last_eval.accuracy}});
+  return result;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,55 @@
+#pragma once
+// The training loop of one rank (step 4 of the data flow): microbatches ->
+// forward -> masked loss -> backward -> bucketed all-reduce (mean over the
+// global batch) -> clip -> optimizer step, with evaluation every eval.every
+// steps and at the end. Stops with RunError naming the step and rank on a
+// non-finite loss or gradient. Every rank must call run() together.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/batches.h"
+#include "runtime/config.h"
+#include "runtime/control_group.h"
+#include "runtime/decisions.h"
+#include "runtime/models.h"
+#include "runtime/phase_timer.h"
+#include "runtime/run_folder.h"
+
+namespace lockstep {
+
+// What the trainer works with; everything is owned by the caller.
+struct TrainerParts {
+  const JobConfig& config;
+  int rank = 0;
+  int world_size = 1;
+  std::shared_ptr<Model> model;
+  const TrainTestData& data;
+  CollectiveGroup& data_group;
+  DecisionLog& decisions;
+  PhaseTimer& timer;
+  EventWriter& events;
+  bool terminal = false;  // rank 0 redraws a progress line in place
+};
+
+struct TrainingResult {
+  int64_t steps = 0;             // optimizer steps taken or skipped
+  int64_t samples = 0;           // valid samples seen, all ranks
+  double final_loss = 0.0;       // this rank's last logged mean training loss
+  EvalResult last_eval;
+  int64_t masked_targets = 0;    // this rank's samples without a target
+  int64_t skipped_steps = 0;     // steps whose global batch had no valid target
+  int64_t clipped_steps = 0;
+  std::vector<std::vector<std::string>> shared_gradients;  // from the clip check
+  nlohmann::json to_json() const;
+};
+
+// Total optimizer steps for the job (job.steps, or job.epochs worth).
+int64_t total_steps(const JobConfig& config, int64_t batches_per_epoch);
+
+TrainingResult train(TrainerParts parts);
+
+}  // namespace lockstep

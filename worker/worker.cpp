@@ -1,0 +1,222 @@
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+#include <ctime>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "lockstep/build_config.h"
+#include "runtime/control_group.h"
+#include "runtime/dataset.h"
+#include "runtime/digest.h"
+#include "runtime/errors.h"
+#include "runtime/machine.h"
+#include "runtime/phase_timer.h"
+#include "runtime/run_folder.h"
+#include "runtime/seeding.h"
+#include "runtime/trainer.h"
+
+namespace lockstep {
+namespace {
+
+using std::chrono::milliseconds;
+
+milliseconds to_ms(double seconds) { return milliseconds(int64_t(seconds * 1000.0)); }
+
+std::string iso_time_now() {
+  std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+std::string host_name() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+void warn_test_switches(const JobConfig& config, DecisionLog& log) {
+  if (config.test.no_reseed)
+    log.record("test.no_reseed", "true", "test switch: ranks keep the shared seed, so their "
+               "random streams will be equal", /*warn=*/true);
+  if (config.test.hold_rank >= 0)
+    log.record("test.hold_rank", std::to_string(config.test.hold_rank),
+               "test switch: that rank sleeps " + fmt::format("{:g}", config.test.hold_s) +
+                   " s before the start barrier", /*warn=*/true);
+  if (config.test.fail_rank >= 0)
+    log.record("test.fail_rank", std::to_string(config.test.fail_rank),
+               "test switch: that rank fails (" + config.test.fail_kind + ") at step " +
+                   std::to_string(config.test.fail_step), /*warn=*/true);
+}
+
+// Everything rank 0 writes into manifest.json; filled in as the run goes.
+struct Manifest {
+  nlohmann::json body;
+  const RunFolder* folder = nullptr;
+  void write() const {
+    if (folder) folder->write_manifest(body);
+  }
+};
+
+}  // namespace
+
+void run_worker(const JobConfig& config, Rendezvous& rendezvous, const ModelRegistry& registry,
+                const WorkerOptions& options) {
+  PhaseTimer timer;
+  DecisionLog decisions;
+  warn_test_switches(config, decisions);
+
+  // Input checks first: nothing is created until the input is known good.
+  if (!registry.contains(config.model.name)) registry.build(config.model);  // throws InputError
+  TrainTestData data = load_data(config.data, uint64_t(config.job.seed));
+  spdlog::info("data: {}", data.description);
+
+  RendezvousResult place = rendezvous.join(to_ms(config.comm.rendezvous_timeout_s));
+  const int rank = place.rank, world = place.world_size;
+  if (world != config.job.world_size)
+    throw InputError("the rendezvous says the world has " + std::to_string(world) +
+                     " ranks (WORLD_SIZE) but job.world_size = " +
+                     std::to_string(config.job.world_size) + "; make them agree");
+  spdlog::info("rank {} of {} (local rank {} of {}); rendezvous: {}", rank, world,
+               place.local_rank, place.local_world_size, place.description);
+  ResolvedMachine machine =
+      resolve_machine(config, place.local_rank, place.local_world_size, decisions);
+
+  auto control = std::make_unique<ControlGroup>(
+      place.store,
+      CollectiveGroup::gloo(prefixed("control/", place.store), rank, world,
+                            to_ms(config.comm.barrier_timeout_s), place.gloo_host),
+      to_ms(config.comm.barrier_timeout_s));
+  auto data_group = CollectiveGroup::gloo(prefixed("data/", place.store), rank, world,
+                                          to_ms(config.comm.collective_timeout_s), place.gloo_host);
+  decisions.record("process_groups", "data: " + machine.backend + ", control: gloo",
+                   "gradients on the data group (timeout " +
+                       fmt::format("{:g}", config.comm.collective_timeout_s) + " s); barriers and "
+                       "checks on the control group (timeout " +
+                       fmt::format("{:g}", config.comm.barrier_timeout_s) + " s)");
+
+  // One run id and one folder for the whole job, chosen by rank 0.
+  std::string proposed = place.run_id.empty() && rank == 0 ? new_run_id(config.job.name) : place.run_id;
+  const std::string run_id = control->exchange("run-id", proposed)[0];
+  const auto hosts = control->exchange("host", host_name() + " pid " + std::to_string(::getpid()));
+  RunFolder folder(config.job.run_dir, run_id);
+  Manifest manifest;
+  if (rank == 0) {
+    folder.create();
+    manifest.folder = &folder;
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < world; ++r) ranks.push_back({{"rank", r}, {"host", hosts[r]}});
+    manifest.body = {{"run_id", run_id},
+                     {"status", "running"},
+                     {"started_at", iso_time_now()},
+                     {"lockstep_version", LOCKSTEP_VERSION},
+                     {"libtorch_version", TORCH_VERSION},
+                     {"job_file", config.job_file},
+                     {"config", to_json(config)},
+                     {"config_sources", config.sources},
+                     {"world_size", world},
+                     {"ranks", ranks},
+                     {"rendezvous", place.description},
+                     {"data", data.description}};
+    manifest.write();
+    spdlog::info("run folder: {}", folder.path());
+  }
+  control->barrier("run-folder");
+  EventWriter events(folder.file("events-rank" + std::to_string(rank) + ".jsonl"));
+
+  try {
+    // Seeding, first half: the same init on every rank, checked.
+    seed_everything(uint64_t(config.job.seed));
+    std::shared_ptr<Model> model = registry.build(config.model);
+    const std::string init_digest = verify_identical_parameters(*control, *model, decisions);
+    // Second half: an independent stream per rank, checked.
+    const uint64_t train_seed = uint64_t(config.job.seed) + (config.test.no_reseed ? 0 : rank);
+    seed_everything(train_seed);
+    decisions.record("train_seed", std::to_string(train_seed),
+                     config.test.no_reseed ? "test.no_reseed: the shared seed, not seed + rank"
+                                           : "seed + rank: each rank its own random stream");
+    StreamCheck streams = check_streams_differ(*control, decisions);
+
+    if (config.test.hold_rank == rank) {
+      spdlog::warn("test.hold_rank: rank {} holds back {} s before the start barrier", rank,
+                   config.test.hold_s);
+      std::this_thread::sleep_for(to_ms(config.test.hold_s));
+    }
+    control->barrier("start");
+    timer.add(Phase::kStartup, std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                             options.process_start).count());
+    for (const auto& d : decisions.all())
+      events.write({{"event", "decision"}, {"what", d.what}, {"value", d.value}, {"reason", d.reason}});
+
+    int64_t parameter_count = 0;
+    for (const auto& p : model->parameters()) parameter_count += p.numel();
+    if (rank == 0) {
+      nlohmann::json probes = nlohmann::json::array();
+      for (uint64_t p : streams.probes) probes.push_back(TensorDigest{0, p, 0}.hex().substr(16));
+      manifest.body["model"] = {{"name", config.model.name}, {"parameters", parameter_count}};
+      manifest.body["seeds"] = {{"init", config.job.seed},
+                                {"train_seed_rule", config.test.no_reseed ? "seed" : "seed + rank"}};
+      manifest.body["checks"] = {{"init_parameters_identical", true},
+                                 {"init_param_digest", init_digest},
+                                 {"random_streams_distinct", streams.all_distinct},
+                                 {"dropout_mask_hashes", probes}};
+      manifest.body["decisions"] = decisions.to_json();
+      manifest.write();
+    }
+
+    TrainingResult result = train(TrainerParts{config, rank, world, model, data, *data_group,
+                                               decisions, timer, events,
+                                               options.terminal && rank == 0});
+
+    const std::string final_digest = combined_hex(module_digests(*model, true));
+    {
+      auto scope = timer.measure(Phase::kCheckpoint);
+      if (rank == 0)
+        torch::save(std::static_pointer_cast<torch::nn::Module>(model), folder.file("model-final.pt"));
+    }
+    control->barrier("end");
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                      options.process_start).count();
+    events.write({{"event", "end"}, {"metrics", result.to_json()}, {"phases", timer.to_json(wall)},
+                  {"final_param_digest", final_digest}});
+    if (rank == 0) {
+      nlohmann::json metrics = result.to_json();
+      metrics["final_param_digest"] = final_digest;
+      metrics["wall_s"] = wall;
+      manifest.body["metrics"] = metrics;
+      manifest.body["phases"] = timer.to_json(wall);
+      manifest.body["decisions"] = decisions.to_json();
+      manifest.body["status"] = "completed";
+      manifest.body["finished_at"] = iso_time_now();
+      manifest.write();
+      spdlog::info("test accuracy {:.4f}, test loss {:.4f} after {} steps ({} masked targets on "
+                   "rank 0, {} skipped steps)",
+                   result.last_eval.accuracy, result.last_eval.loss, result.steps,
+                   result.masked_targets, result.skipped_steps);
+      spdlog::info("time by phase on rank 0:\n{}", timer.table(wall));
+      if (timer.seconds(Phase::kEval) > timer.train_seconds())
+        spdlog::warn("evaluation took longer than training ({:.1f} s vs {:.1f} s): raise "
+                     "eval.every or lower the test-set cost",
+                     timer.seconds(Phase::kEval), timer.train_seconds());
+      spdlog::info("run folder: {}", folder.path());
+    }
+  } catch (const std::exception& e) {
+    if (rank == 0) {
+      manifest.body["status"] = "failed";
+      manifest.body["error"] = e.what();
+      manifest.body["finished_at"] = iso_time_now();
+      manifest.body["decisions"] = decisions.to_json();
+      manifest.write();
+    }
+    events.write({{"event", "failed"}, {"error", e.what()}});
+    throw;
+  }
+}
+
+}  // namespace lockstep

@@ -1,0 +1,25 @@
+#pragma once
+// One rank of a job, from rendezvous to the final report: validates its
+// input, joins through a Rendezvous, builds the data and control groups,
+// seeds and checks, trains, evaluates, and (rank 0) writes the run folder.
+#include <chrono>
+
+#include "runtime/config.h"
+#include "runtime/models.h"
+#include "runtime/rendezvous.h"
+
+namespace lockstep {
+
+struct WorkerOptions {
+  // When the process started: start-up time is measured from here.
+  std::chrono::steady_clock::time_point process_start = std::chrono::steady_clock::now();
+  bool terminal = false;  // rank 0's output goes to a terminal
+};
+
+// Runs the job to the end on this rank. Throws InputError for bad input
+// (before any process group exists) and RunError when the run fails; rank 0
+// then marks manifest.json as failed with the reason.
+void run_worker(const JobConfig& config, Rendezvous& rendezvous, const ModelRegistry& registry,
+                const WorkerOptions& options);
+
+}  // namespace lockstep
