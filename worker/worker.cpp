@@ -142,6 +142,10 @@ void run_worker(const JobConfig& config, Rendezvous& rendezvous, const ModelRegi
                      config.test.no_reseed ? "test.no_reseed: the shared seed, not seed + rank"
                                            : "seed + rank: each rank its own random stream");
     StreamCheck streams = check_streams_differ(*control, decisions);
+    events.write({{"event", "seeding"},
+                  {"init_param_digest", combined_hex(module_digests(*model, true))},
+                  {"train_seed", train_seed},
+                  {"dropout_mask_hash", TensorDigest{0, streams.probes[size_t(rank)], 0}.hex().substr(16)}});
 
     if (config.test.hold_rank == rank) {
       spdlog::warn("test.hold_rank: rank {} holds back {} s before the start barrier", rank,

@@ -1,0 +1,109 @@
+#include "runtime/config.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/errors.h"
+
+namespace lockstep {
+namespace {
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  std::string write(const std::string& text) {
+    path_ = (std::filesystem::temp_directory_path() /
+             ("lockstep-config-" + std::to_string(::getpid()) + ".toml")).string();
+    std::ofstream(path_) << text;
+    return path_;
+  }
+  void TearDown() override { std::filesystem::remove(path_); }
+
+  // The InputError message load_job_config throws, or "" if none.
+  std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+    try {
+      load_job_config(write(text), overrides);
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  }
+  std::string path_;
+};
+
+TEST_F(ConfigTest, ReadsKeysAndRecordsWhereEachCameFrom) {
+  JobConfig c = load_job_config(
+      write("device = \"cpu\"\n[job]\nworld_size = 3\nsteps = 7\n[optim]\nlr = 1\nname = \"adamw\"\n"),
+      {"optim.lr=0.25", "data.batch_size=8"});
+  EXPECT_EQ(c.job.world_size, 3);
+  EXPECT_EQ(c.job.steps, 7);
+  EXPECT_EQ(c.optim.name, "adamw");
+  EXPECT_DOUBLE_EQ(c.optim.lr, 0.25);  // --set wins over the file
+  EXPECT_EQ(c.data.batch_size, 8);
+  EXPECT_EQ(c.device, "cpu");
+  EXPECT_EQ(c.sources.at("optim.lr"), "--set");
+  EXPECT_EQ(c.sources.at("job.world_size"), path_);
+  EXPECT_EQ(c.sources.at("comm.bucket_mb"), "default");
+  nlohmann::json j = to_json(c);
+  EXPECT_EQ(j["optim"]["name"], "adamw");
+  EXPECT_EQ(j["device"], "cpu");
+}
+
+TEST_F(ConfigTest, UnknownKeyNamesItAndSuggestsTheNearestKnownOne) {
+  std::string e = error_of("[job]\nsteps = 1\n[optim]\nlrr = 0.1\n");
+  EXPECT_NE(e.find("unknown key 'optim.lrr'"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'optim.lr'"), std::string::npos) << e;
+  EXPECT_NE(e.find(":4"), std::string::npos) << "line number missing: " << e;
+  EXPECT_NE(error_of("[jobs]\nsteps = 1\n").find("unknown key 'jobs'"), std::string::npos);
+  EXPECT_NE(error_of("[job]\nsteps = 1\n", {"optim.moment=0.5"}).find("did you mean 'optim.momentum'"),
+            std::string::npos);
+}
+
+TEST_F(ConfigTest, WrongTypeNamesKeyAndAllowedValues) {
+  std::string e = error_of("[job]\nsteps = 1\nworld_size = \"two\"\n");
+  EXPECT_NE(e.find("'job.world_size' must be an integer"), std::string::npos) << e;
+  e = error_of("[job]\nsteps = 1\n", {"job.world_size=two"});
+  EXPECT_NE(e.find("'job.world_size' must be an integer"), std::string::npos) << e;
+  EXPECT_NE(e.find("'two'"), std::string::npos) << e;
+  e = error_of("[job]\nsteps = 1\n", {"test.no_reseed=yes"});
+  EXPECT_NE(e.find("true or false"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, OutOfRangeAndBadChoicesAreErrors) {
+  std::string e = error_of("[job]\nsteps = 1\nworld_size = 0\n");
+  EXPECT_NE(e.find("'job.world_size' must be an integer in [1, 4096], got 0"), std::string::npos) << e;
+  e = error_of("[job]\nsteps = 1\n", {"optim.name=adam"});
+  EXPECT_NE(e.find("one of: sgd, adamw"), std::string::npos) << e;
+  e = error_of("[job]\nsteps = 1\n", {"optim.lr=0"});
+  EXPECT_NE(e.find("(0, 1000]"), std::string::npos) << e;
+  e = error_of("[job]\nsteps = 1\n", {"precision=fp8"});
+  EXPECT_NE(e.find("auto, fp32, bf16, fp16"), std::string::npos) << e;
+}
+
+TEST_F(ConfigTest, StepsAndEpochsAreExclusive) {
+  EXPECT_NE(error_of("[job]\nsteps = 1\nepochs = 2\n").find("exactly one of job.steps and job.epochs"),
+            std::string::npos);
+  EXPECT_NE(error_of("[job]\nname = \"x\"\n").find("exactly one of"), std::string::npos);
+}
+
+TEST_F(ConfigTest, MalformedOverrideAndMissingFileAreErrors) {
+  EXPECT_NE(error_of("[job]\nsteps = 1\n", {"optim.lr"}).find("expected key=value"),
+            std::string::npos);
+  try {
+    load_job_config("/nonexistent/job.toml", {});
+    FAIL() << "no error for a missing job file";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/job.toml"), std::string::npos);
+  }
+  EXPECT_NE(error_of("[job\nsteps = 1\n").find("TOML syntax error"), std::string::npos);
+}
+
+TEST_F(ConfigTest, TestSwitchRanksMustExist) {
+  std::string e = error_of("[job]\nsteps = 1\nworld_size = 2\n", {"test.fail_rank=2"});
+  EXPECT_NE(e.find("test.fail_rank"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace lockstep
