@@ -14,7 +14,6 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/errors.h"
-#include "runtime/process_group.h"
 
 extern char** environ;
 
@@ -64,21 +63,17 @@ void relay(Child& child, bool flush_all) {
   std::fflush(stdout);
 }
 
-std::vector<std::string> child_environment(const LaunchOptions& options, int rank, int port) {
+std::vector<std::string> child_environment(const LaunchOptions& options, int rank) {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string item(*e);
     auto eq = item.find('=');
     if (eq != std::string::npos) env[item.substr(0, eq)] = item.substr(eq + 1);
   }
-  env["RANK"] = std::to_string(rank);
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) env.erase(name);
   env["LOCAL_RANK"] = std::to_string(rank);
-  env["WORLD_SIZE"] = std::to_string(options.nproc);
   env["LOCAL_WORLD_SIZE"] = std::to_string(options.nproc);
-  env["MASTER_ADDR"] = "127.0.0.1";
-  env["MASTER_PORT"] = std::to_string(port);
-  env["LOCKSTEP_STORE_HOSTED"] = "1";
-  env["LOCKSTEP_RUN_ID"] = options.run_id;
+  env["LOCKSTEP_TOKEN"] = options.token;
   env["LOCKSTEP_TERMINAL"] = options.terminal ? "1" : "0";
   for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
     if (!env.count(name)) env[name] = std::to_string(options.threads_per_rank);
@@ -94,7 +89,7 @@ std::vector<char*> pointers(std::vector<std::string>& items) {
   return out;
 }
 
-Child spawn_worker(const LaunchOptions& options, int rank, int port) {
+Child spawn_worker(const LaunchOptions& options, int rank) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0)
     throw RunError(std::string("cannot create a pipe for rank ") + std::to_string(rank) + ": " +
@@ -105,14 +100,9 @@ Child spawn_worker(const LaunchOptions& options, int rank, int port) {
   posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDERR_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
 
-  std::vector<std::string> args = {options.executable, "worker", options.job_file};
-  for (const auto& o : options.overrides) {
-    args.push_back("--set");
-    args.push_back(o);
-  }
-  args.push_back("--set");
-  args.push_back("job.world_size=" + std::to_string(options.nproc));
-  std::vector<std::string> env = child_environment(options, rank, port);
+  std::vector<std::string> args = {options.executable, "worker", "--coordinator",
+                                   options.coordinator};
+  std::vector<std::string> env = child_environment(options, rank);
   auto argv = pointers(args);
   auto envp = pointers(env);
 
@@ -140,11 +130,8 @@ void signal_running(std::vector<Child>& children, int signal_number) {
 
 int launch_local(const LaunchOptions& options) {
   using Clock = std::chrono::steady_clock;
-  StorePtr store = open_tcp_store("127.0.0.1", 0, /*is_server=*/true, options.nproc,
-                                  std::chrono::milliseconds(int64_t(options.store_timeout_s * 1000)));
-  const int port = store_port(store);
-  spdlog::info("launcher: rendezvous store on 127.0.0.1:{}, starting {} ranks", port,
-               options.nproc);
+  spdlog::info("launcher: starting {} workers for the coordinator at {}", options.nproc,
+               options.coordinator);
 
   struct sigaction action {};
   action.sa_handler = on_signal;
@@ -154,7 +141,7 @@ int launch_local(const LaunchOptions& options) {
   std::vector<Child> children;
   try {
     for (int rank = 0; rank < options.nproc; ++rank)
-      children.push_back(spawn_worker(options, rank, port));
+      children.push_back(spawn_worker(options, rank));
   } catch (...) {
     signal_running(children, SIGKILL);
     for (auto& c : children) ::waitpid(c.pid, nullptr, 0);

@@ -1,6 +1,6 @@
 #pragma once
-// The local launcher behind `lockstep run`: hosts the rendezvous store,
-// starts N worker processes with posix_spawn (never fork: the launcher holds
+// The local launcher behind `lockstep run`: starts N worker processes that
+// join the (embedded) coordinator, with posix_spawn (never fork: the launcher holds
 // LibTorch threads), streams their output with a rank prefix, and on the
 // first failure stops the others.
 #include <string>
@@ -10,17 +10,16 @@ namespace lockstep {
 
 struct LaunchOptions {
   std::string executable;               // the lockstep binary to spawn
-  std::string job_file;
-  std::vector<std::string> overrides;   // passed on as --set key=value
+  std::string coordinator;              // HOST:PORT every worker joins
+  std::string token;                    // LOCKSTEP_TOKEN for every worker
   int nproc = 1;
-  std::string run_id;                   // LOCKSTEP_RUN_ID for every worker
   int threads_per_rank = 1;             // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS
   bool terminal = false;                // our stdout is a terminal
-  double store_timeout_s = 120;
   double stop_grace_s = 5;              // SIGTERM, then SIGKILL after this
 };
 
-// Runs the workers to the end. Returns the exit code for `lockstep run`:
+// Worker i gets LOCAL_RANK = i, so the coordinator's ordering (host, local
+// rank) makes it rank i. Runs the workers to the end. Returns the exit code for `lockstep run`:
 // 0 when every rank succeeded; 2 when the first rank to fail exited with 2
 // (bad input); 1 otherwise. Names the first failing rank and its status.
 int launch_local(const LaunchOptions& options);

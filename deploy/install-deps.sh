@@ -10,7 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist openssl
   python3-torch python3-numpy
 )
 

@@ -81,6 +81,9 @@ const std::vector<KeySpec>& schema() {
        86400, true},
       {"comm.rendezvous_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.rendezvous_timeout_s), 0,
        86400, true},
+      {"fault.heartbeat_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_s), 0, 3600, true},
+      {"fault.heartbeat_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_timeout_s), 0,
+       86400, true},
       {"device", Kind::kString, LOCKSTEP_FIELD(device), -kInf, kInf, false,
        {"auto", "cpu", "gpu"}},
       {"precision", Kind::kString, LOCKSTEP_FIELD(precision), -kInf, kInf, false,
@@ -335,6 +338,26 @@ JobConfig load_job_config(const std::string& path, const std::vector<std::string
   apply_overrides(config, overrides);
   validate(config);
   return config;
+}
+
+std::vector<std::string> effective_settings(const JobConfig& config) {
+  std::vector<std::string> out;
+  for (const auto& spec : schema()) {
+    std::string text = std::visit(
+        [](const auto& v) -> std::string {
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, std::string>) return v;
+          else if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+          else if constexpr (std::is_same_v<T, double>) {
+            char buffer[64];
+            std::snprintf(buffer, sizeof buffer, "%.17g", v);
+            return buffer;
+          } else return std::to_string(v);
+        },
+        spec.get(config));
+    out.push_back(spec.key + "=" + text);
+  }
+  return out;
 }
 
 nlohmann::json to_json(const JobConfig& config) {

@@ -63,6 +63,11 @@ struct CommSection {
   double rendezvous_timeout_s = 120.0; // reaching the store, connecting the groups
 };
 
+struct FaultSection {
+  double heartbeat_s = 1.0;           // worker -> coordinator heartbeat period
+  double heartbeat_timeout_s = 10.0;  // silence after which either side gives up on the other
+};
+
 // Switches that exist so tests can make the checks fail. Never needed in a
 // real job; each one that is set is logged as a warning.
 struct TestSection {
@@ -82,6 +87,7 @@ struct JobConfig {
   TrainSection train;
   EvalSection eval;
   CommSection comm;
+  FaultSection fault;
   TestSection test;
   std::string device = "auto";     // auto | cpu | gpu
   std::string precision = "auto";  // auto | fp32 | bf16 | fp16
@@ -100,6 +106,10 @@ void apply_overrides(JobConfig& config, const std::vector<std::string>& override
 
 // Cross-key checks (steps xor epochs, ...). Throws InputError.
 void validate(const JobConfig& config);
+
+// Every key as "key=value", such that apply_overrides on a default
+// JobConfig rebuilds this one (how the coordinator ships the job).
+std::vector<std::string> effective_settings(const JobConfig& config);
 
 // Every key with its value, as written into manifest.json.
 nlohmann::json to_json(const JobConfig& config);

@@ -144,6 +144,15 @@ void check_data_files(const DataSection& data) {
   }
 }
 
+void validate_data_files(const DataSection& data) {
+  check_data_files(data);
+  if (data.name != "fashion-mnist") return;
+  for (const char* prefix : {"train", "t10k"}) {
+    read_idx_gz(data.path + "/" + prefix + "-images-idx3-ubyte.gz", 3);
+    read_idx_gz(data.path + "/" + prefix + "-labels-idx1-ubyte.gz", 1);
+  }
+}
+
 TrainTestData load_data(const DataSection& data, uint64_t seed) {
   if (data.name == "synthetic")
     return make_synthetic(data.synthetic_samples, seed, data.missing_targets);

@@ -40,6 +40,10 @@ TrainTestData make_synthetic(int64_t train_samples, uint64_t seed, double missin
 // Throws InputError naming data.path and the missing file.
 void check_data_files(const DataSection& data);
 
+// Thorough check, for a launcher before it starts anything: every IDX file
+// decompresses and has the size its header promises. Throws InputError.
+void validate_data_files(const DataSection& data);
+
 // Loads what data.name asks for. Throws InputError naming data.path.
 TrainTestData load_data(const DataSection& data, uint64_t seed);
 

@@ -25,10 +25,6 @@ std::string classify_blas(const std::string& path) {
 std::string resolve_device(const JobConfig& config, int local_rank, DecisionLog& log) {
   const bool cuda_built = LOCKSTEP_HAS_CUDA;
   const bool cuda_usable = cuda_built && torch::cuda::is_available();
-  if (config.device == "gpu" && !cuda_built)
-    throw InputError(
-        "device = gpu, but this lockstep is built against a LibTorch without CUDA; "
-        "use device = cpu (or auto), or rebuild against a CUDA LibTorch");
   if (config.device == "gpu" && !cuda_usable)
     throw InputError("device = gpu, but no CUDA device is visible to this process; "
                      "use device = cpu (or auto), or check CUDA_VISIBLE_DEVICES and the driver");
@@ -68,25 +64,32 @@ BlasInfo loaded_blas() {
   return {"", "unknown"};
 }
 
-ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int local_world_size,
-                                DecisionLog& log) {
-  ResolvedMachine machine;
-  machine.device = resolve_device(config, local_rank, log);
-
+void check_machine_request(const JobConfig& config) {
+  if (config.device == "gpu" && !LOCKSTEP_HAS_CUDA)
+    throw InputError(
+        "device = gpu, but this lockstep is built against a LibTorch without CUDA; "
+        "use device = cpu (or auto), or rebuild against a CUDA LibTorch");
   if (config.comm.backend == "nccl")
     throw InputError("comm.backend = nccl, but the NCCL data group is not compiled into this "
                      "lockstep (built against a LibTorch without NCCL); use comm.backend = gloo "
                      "or auto");
+  if (config.precision == "bf16" || config.precision == "fp16")
+    throw InputError("precision = " + config.precision +
+                     " is not available in this build: only fp32 training is implemented so far "
+                     "(allowed now: auto, fp32)");
+}
+
+ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int local_world_size,
+                                DecisionLog& log) {
+  check_machine_request(config);
+  ResolvedMachine machine;
+  machine.device = resolve_device(config, local_rank, log);
   machine.backend = "gloo";
   log.record("comm.backend", "gloo",
              config.comm.backend == "gloo" ? "job asked for gloo"
                                            : "auto: the NCCL data group is not compiled in, Gloo "
                                              "serves " + machine.device + " tensors");
 
-  if (config.precision == "bf16" || config.precision == "fp16")
-    throw InputError("precision = " + config.precision +
-                     " is not available in this build: only fp32 training is implemented so far "
-                     "(allowed now: auto, fp32)");
   machine.precision = "fp32";
   log.record("precision", "fp32",
              config.precision == "fp32" ? "job asked for fp32"

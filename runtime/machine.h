@@ -25,6 +25,11 @@ struct ResolvedMachine {
   int intra_op_threads = 1;
 };
 
+// Refuses, without touching anything, what this build can never give:
+// device = gpu without CUDA, comm.backend = nccl without NCCL, bf16/fp16.
+// Throws InputError naming the key and what is allowed.
+void check_machine_request(const JobConfig& config);
+
 // Resolves device, backend, precision and threads for one rank, records a
 // Decision for each (and for the BLAS), and applies the thread count.
 ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int local_world_size,

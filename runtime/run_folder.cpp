@@ -9,6 +9,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <random>
 
 #include "runtime/errors.h"
@@ -52,6 +54,14 @@ void write_file_atomically(const std::string& path, const std::string& contents)
     ::fsync(dir);
     ::close(dir);
   }
+}
+
+std::string read_text_file(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InputError(what + " " + path + ": cannot read the file");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
 }
 
 RunFolder::RunFolder(const std::string& root, const std::string& run_id)

@@ -16,6 +16,10 @@ std::string new_run_id(const std::string& job_name);
 // reader sees the old file or the new one, never half of one.
 void write_file_atomically(const std::string& path, const std::string& contents);
 
+// The whole contents of `path`. Throws InputError naming `what` (a flag or
+// key) and the path when the file cannot be read.
+std::string read_text_file(const std::string& path, const std::string& what);
+
 class RunFolder {
  public:
   // Names runs/<run-id> under `root`; create() makes it (rank 0 only).

@@ -161,6 +161,12 @@ TrainingResult train(TrainerParts parts) {
     const double samples_per_s = window_seconds > 0 ? window_samples / window_seconds : 0.0;
     const double mean_loss = window_loss / double(window_steps);
     if (parts.rank == 0) progress.update(step + 1, mean_loss, lr, samples_per_s);
+    if (parts.observer) {
+      parts.observer->on_step(step + 1, mean_loss, samples_per_s);
+      if (parts.observer->stop_requested())
+        throw RunError("rank " + std::to_string(parts.rank) + " stopped after step " +
+                       std::to_string(step + 1) + " at the coordinator's request");
+    }
     if ((step + 1) % config.job.log_every == 0 || step + 1 == steps) {
       result.final_loss = mean_loss;
       parts.events.write({{"event", "step"},

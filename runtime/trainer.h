@@ -18,6 +18,7 @@
 #include "runtime/models.h"
 #include "runtime/phase_timer.h"
 #include "runtime/run_folder.h"
+#include "runtime/run_observer.h"
 
 namespace lockstep {
 
@@ -33,6 +34,7 @@ struct TrainerParts {
   PhaseTimer& timer;
   EventWriter& events;
   bool terminal = false;  // rank 0 redraws a progress line in place
+  RunObserver* observer = nullptr;  // may be null
 };
 
 struct TrainingResult {

@@ -66,7 +66,7 @@ struct Manifest {
 
 }  // namespace
 
-void run_worker(const JobConfig& config, Rendezvous& rendezvous, const ModelRegistry& registry,
+WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const ModelRegistry& registry,
                 const WorkerOptions& options) {
   PhaseTimer timer;
   DecisionLog decisions;
@@ -174,9 +174,11 @@ void run_worker(const JobConfig& config, Rendezvous& rendezvous, const ModelRegi
       manifest.write();
     }
 
+    if (options.observer) options.observer->on_phase("train");
     TrainingResult result = train(TrainerParts{config, rank, world, model, data, *data_group,
                                                decisions, timer, events,
-                                               options.terminal && rank == 0});
+                                               options.terminal && rank == 0, options.observer});
+    if (options.observer) options.observer->on_phase("done");
 
     const std::string final_digest = combined_hex(module_digests(*model, true));
     {
@@ -210,6 +212,9 @@ void run_worker(const JobConfig& config, Rendezvous& rendezvous, const ModelRegi
                      timer.seconds(Phase::kEval), timer.train_seconds());
       spdlog::info("run folder: {}", folder.path());
     }
+    nlohmann::json metrics = result.to_json();
+    metrics["final_param_digest"] = final_digest;
+    return WorkerSummary{metrics, decisions.to_json()};
   } catch (const std::exception& e) {
     if (rank == 0) {
       manifest.body["status"] = "failed";

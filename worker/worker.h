@@ -4,9 +4,12 @@
 // seeds and checks, trains, evaluates, and (rank 0) writes the run folder.
 #include <chrono>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/config.h"
 #include "runtime/models.h"
 #include "runtime/rendezvous.h"
+#include "runtime/run_observer.h"
 
 namespace lockstep {
 
@@ -14,12 +17,19 @@ struct WorkerOptions {
   // When the process started: start-up time is measured from here.
   std::chrono::steady_clock::time_point process_start = std::chrono::steady_clock::now();
   bool terminal = false;  // rank 0's output goes to a terminal
+  RunObserver* observer = nullptr;  // told of phases and steps; may ask to stop
+};
+
+// What a rank reports at the end.
+struct WorkerSummary {
+  nlohmann::json metrics;
+  nlohmann::json decisions;
 };
 
 // Runs the job to the end on this rank. Throws InputError for bad input
 // (before any process group exists) and RunError when the run fails; rank 0
 // then marks manifest.json as failed with the reason.
-void run_worker(const JobConfig& config, Rendezvous& rendezvous, const ModelRegistry& registry,
+WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const ModelRegistry& registry,
                 const WorkerOptions& options);
 
 }  // namespace lockstep

@@ -17,30 +17,29 @@ extern char** environ;
 
 namespace lockstep::testing {
 
-CommandResult run_lockstep(const std::vector<std::string>& args, const std::string& cwd,
-                           double timeout_s) {
-  using Clock = std::chrono::steady_clock;
+LockstepProcess::LockstepProcess(const std::vector<std::string>& args, const std::string& cwd,
+                                 const std::vector<std::string>& env) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   posix_spawnattr_t attributes;
   posix_spawnattr_init(&attributes);
   posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
   posix_spawnattr_setpgroup(&attributes, 0);  // its own group: killed as a whole
 
-  // The child changes into cwd through a shell-free trick: spawn `env -C`.
-  std::vector<std::string> argv_strings = {"/usr/bin/env", "-C", cwd, LOCKSTEP_EXE};
+  // `env -C DIR` starts the binary in DIR without a shell.
+  std::vector<std::string> argv_strings = {"/usr/bin/env", "-C", cwd};
+  argv_strings.insert(argv_strings.end(), env.begin(), env.end());
+  argv_strings.push_back(LOCKSTEP_EXE);
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : argv_strings) argv.push_back(s.data());
   argv.push_back(nullptr);
-
-  const auto start = Clock::now();
-  pid_t pid = -1;
-  int error = posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ);
+  int error = posix_spawn(&pid_, argv[0], &actions, &attributes, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attributes);
   ::close(fds[1]);
@@ -48,39 +47,84 @@ CommandResult run_lockstep(const std::vector<std::string>& args, const std::stri
     ::close(fds[0]);
     throw std::runtime_error("cannot start lockstep");
   }
+  output_fd_ = fds[0];
+}
 
-  CommandResult result;
-  bool open = true, killed = false;
+LockstepProcess::~LockstepProcess() {
+  kill_group();
+  wait(10);
+  if (output_fd_ >= 0) ::close(output_fd_);
+}
+
+void LockstepProcess::drain(int timeout_ms) {
+  if (output_fd_ < 0) return;
+  pollfd p{output_fd_, POLLIN, 0};
+  if (::poll(&p, 1, timeout_ms) <= 0) return;
+  char buffer[65536];
+  ssize_t n = ::read(output_fd_, buffer, sizeof buffer);
+  if (n > 0) {
+    output_.append(buffer, size_t(n));
+  } else {
+    ::close(output_fd_);
+    output_fd_ = -1;
+  }
+}
+
+const std::string& LockstepProcess::output() {
+  for (int i = 0; i < 64 && output_fd_ >= 0; ++i) {
+    size_t before = output_.size();
+    drain(0);
+    if (output_.size() == before) break;
+  }
+  return output_;
+}
+
+bool LockstepProcess::wait_for_output(const std::string& text, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (output().find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    drain(50);
+  }
+  return true;
+}
+
+bool LockstepProcess::running() {
+  if (exited_) return false;
   int status = 0;
-  while (true) {
-    if (open) {
-      pollfd p{fds[0], POLLIN, 0};
-      ::poll(&p, 1, 50);
-      if (p.revents) {
-        char buffer[65536];
-        ssize_t n = ::read(fds[0], buffer, sizeof buffer);
-        if (n > 0) result.output.append(buffer, size_t(n));
-        else open = false;
-      }
-    } else {
-      ::usleep(20000);
-    }
-    if (::waitpid(pid, &status, WNOHANG) == pid) break;
-    if (!killed && Clock::now() - start > std::chrono::duration<double>(timeout_s)) {
-      ::kill(-pid, SIGKILL);
-      killed = true;
-    }
+  if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+    exited_ = true;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
-  ::kill(-pid, SIGKILL);  // anything the run left behind in its group
-  while (open) {
-    char buffer[65536];
-    ssize_t n = ::read(fds[0], buffer, sizeof buffer);
-    if (n > 0) result.output.append(buffer, size_t(n));
-    else open = false;
+  return !exited_;
+}
+
+int LockstepProcess::wait(double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (running()) {
+    if (std::chrono::steady_clock::now() > deadline) return -1;
+    drain(20);
   }
-  ::close(fds[0]);
-  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  result.exit_code = killed ? -1 : (WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  for (int i = 0; i < 100 && output_fd_ >= 0; ++i) drain(10);  // the rest of the output
+  return exit_code_;
+}
+
+void LockstepProcess::signal(int signal_number) {
+  if (running()) ::kill(pid_, signal_number);
+}
+
+void LockstepProcess::kill_group() {
+  if (pid_ > 0) ::kill(-pid_, SIGKILL);
+}
+
+CommandResult run_lockstep(const std::vector<std::string>& args, const std::string& cwd,
+                           double timeout_s, const std::vector<std::string>& env) {
+  const auto start = std::chrono::steady_clock::now();
+  LockstepProcess process(args, cwd, env);
+  CommandResult result;
+  result.exit_code = process.wait(timeout_s);
+  process.kill_group();  // anything the run left behind in its group
+  result.output = process.output();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
 

@@ -1,6 +1,8 @@
 #pragma once
 // Helpers for tests that run the real `lockstep` binary as a child process:
 // each run gets a hard timeout and is killed with its whole process group.
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -14,9 +16,40 @@ struct CommandResult {
   double seconds = 0.0;
 };
 
+// A lockstep process started in the background, in its own process group.
+// The destructor kills the whole group: nothing a test starts outlives it.
+class LockstepProcess {
+ public:
+  // `env` entries ("NAME=value") are added to this process's environment.
+  LockstepProcess(const std::vector<std::string>& args, const std::string& cwd,
+                  const std::vector<std::string>& env = {});
+  ~LockstepProcess();
+  LockstepProcess(const LockstepProcess&) = delete;
+  LockstepProcess& operator=(const LockstepProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Everything printed so far (reads what is waiting, never blocks long).
+  const std::string& output();
+  // Waits until the output contains `text`; false at the timeout.
+  bool wait_for_output(const std::string& text, double timeout_s);
+  // Waits for the exit; returns the exit code, 128 + signal, or -1 at the timeout.
+  int wait(double timeout_s);
+  bool running();
+  void signal(int signal_number);  // the process itself
+  void kill_group();               // SIGKILL to its whole group
+
+ private:
+  void drain(int timeout_ms);
+  pid_t pid_ = -1;
+  int output_fd_ = -1;
+  std::string output_;
+  bool exited_ = false;
+  int exit_code_ = -1;
+};
+
 // Runs the lockstep binary with `args` in `cwd`, at most `timeout_s`.
 CommandResult run_lockstep(const std::vector<std::string>& args, const std::string& cwd,
-                           double timeout_s = 120.0);
+                           double timeout_s = 120.0, const std::vector<std::string>& env = {});
 
 // A fresh folder under the system temp dir, removed by the caller's TempDir.
 class TempDir {

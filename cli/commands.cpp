@@ -1,0 +1,275 @@
+#include "cli/commands.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include <google/protobuf/util/json_util.h>
+#include <spdlog/spdlog.h>
+
+#include "cli/launcher.h"
+#include "coordinator/coordinator.h"
+#include "runtime/dataset.h"
+#include "runtime/errors.h"
+#include "runtime/machine.h"
+#include "runtime/models.h"
+#include "runtime/run_folder.h"
+#include "worker/coordinator_client.h"
+#include "worker/heartbeat.h"
+#include "worker/worker.h"
+
+namespace lockstep {
+namespace {
+
+using std::chrono::milliseconds;
+
+milliseconds to_ms(double seconds) { return milliseconds(int64_t(seconds * 1000.0)); }
+
+std::string random_token() {
+  std::random_device device;
+  char text[33];
+  for (int i = 0; i < 32; i += 8) std::snprintf(text + i, 9, "%08x", device());
+  return text;
+}
+
+// --token-file, else LOCKSTEP_TOKEN; neither is bad input.
+std::string resolve_token(const std::string& token_file) {
+  if (!token_file.empty()) return read_secret_file(token_file, "--token-file");
+  if (const char* token = std::getenv("LOCKSTEP_TOKEN"); token && *token) return token;
+  throw InputError("no job token: pass --token-file FILE or set LOCKSTEP_TOKEN (coordinator and "
+                   "workers need the same one)");
+}
+
+std::string host_name() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* text = std::getenv(name);
+  if (!text || !*text) return fallback;
+  try {
+    return std::stoi(text);
+  } catch (const std::exception&) {
+    throw InputError("environment variable " + std::string(name) + " = '" + text +
+                     "' must be an integer");
+  }
+}
+
+JobStateOptions job_options(const JobConfig& config, const std::string& run_id) {
+  JobStateOptions job;
+  job.run_id = run_id;
+  job.world_size = int(config.job.world_size);
+  job.seed = config.job.seed;
+  job.settings = effective_settings(config);
+  job.sources = config.sources;
+  job.job_file = config.job_file;
+  job.rendezvous_timeout = to_ms(config.comm.rendezvous_timeout_s);
+  job.heartbeat_timeout = to_ms(config.fault.heartbeat_timeout_s);
+  return job;
+}
+
+// The job file with overrides, checked as far as this machine can: keys,
+// model name, data files.
+JobConfig checked_job(const std::string& job_file, const std::vector<std::string>& overrides) {
+  JobConfig config = load_job_config(job_file, overrides);
+  ModelRegistry::with_builtins().build(config.model);  // an unknown model is bad input
+  check_machine_request(config);                       // device = gpu on a CPU build, ...
+  return config;
+}
+
+int torchrun_worker(const std::string& job_file, const std::vector<std::string>& overrides,
+                    std::chrono::steady_clock::time_point start) {
+  if (job_file.empty())
+    throw InputError("lockstep worker needs --coordinator HOST:PORT, or a job file when the "
+                     "rank comes from torchrun's variables (RANK, WORLD_SIZE, ...)");
+  JobConfig config = load_job_config(job_file, overrides);
+  TorchrunRendezvous rendezvous(TorchrunEnv::from_environment());
+  WorkerOptions options;
+  options.process_start = start;
+  options.terminal = ::isatty(STDOUT_FILENO);
+  run_worker(config, rendezvous, ModelRegistry::with_builtins(), options);
+  return 0;
+}
+
+}  // namespace
+
+int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc) {
+  std::vector<std::string> passed_on = overrides;
+  JobConfig config = checked_job(job_file, overrides);
+  if (nproc > 0 && nproc != config.job.world_size) {
+    spdlog::info("Decision: job.world_size = {} (from --nproc; the job file says {})", nproc,
+                 config.job.world_size);
+    passed_on.push_back("job.world_size=" + std::to_string(nproc));
+    config = checked_job(job_file, passed_on);
+  }
+  validate_data_files(config.data);  // a truncated file is bad input before anything starts
+
+  const std::string run_id = new_run_id(config.job.name);
+  CoordinatorOptions coordinator_options;
+  coordinator_options.listen = "127.0.0.1:0";
+  const char* given_token = std::getenv("LOCKSTEP_TOKEN");
+  coordinator_options.token = given_token && *given_token ? given_token : random_token();
+  spdlog::info("Decision: job token = {} ({})", given_token && *given_token ? "LOCKSTEP_TOKEN" : "generated",
+               given_token && *given_token ? "set in the environment: `lockstep status` can use it"
+                                           : "random per run, handed to the workers only");
+  coordinator_options.run_dir = config.job.run_dir;
+  CoordinatorServer coordinator(coordinator_options, job_options(config, run_id));
+  coordinator.start();
+
+  LaunchOptions options;
+  options.executable = std::filesystem::read_symlink("/proc/self/exe").string();
+  options.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
+  options.token = coordinator_options.token;
+  options.nproc = int(config.job.world_size);
+  options.terminal = ::isatty(STDOUT_FILENO);
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  options.threads_per_rank = std::max(1, int(cores) / options.nproc);
+  spdlog::info("Decision: OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = {} ({} cores / {} local ranks; "
+               "unless already set)", options.threads_per_rank, cores, options.nproc);
+  int code = launch_local(options);
+  if (code != 0) coordinator.abort("a worker process failed (see the launcher's message)");
+  int coordinator_code = coordinator.wait(code == 0 ? milliseconds(5000) : milliseconds(0));
+  spdlog::info("run folder: {}/{}", config.job.run_dir, run_id);
+  return code != 0 ? code : coordinator_code;
+}
+
+int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,
+                        const std::string& listen, const std::string& token_file,
+                        const std::string& tls_cert, const std::string& tls_key) {
+  JobConfig config = checked_job(job_file, overrides);
+  if (tls_cert.empty() != tls_key.empty())
+    throw InputError("--tls-cert and --tls-key go together: give both, or neither for plaintext");
+  CoordinatorOptions options;
+  options.listen = listen;
+  options.token = resolve_token(token_file);
+  options.tls_cert_file = tls_cert;
+  options.tls_key_file = tls_key;
+  options.run_dir = config.job.run_dir;
+  if (!tls_cert.empty()) {  // unreadable files are bad input, before anything listens
+    read_secret_file(tls_cert, "--tls-cert");
+    read_secret_file(tls_key, "--tls-key");
+  }
+
+  // SIGINT/SIGTERM end the job cleanly: workers are told to abort.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  CoordinatorServer coordinator(options, job_options(config, new_run_id(config.job.name)));
+  coordinator.start();
+  std::thread([&coordinator, signals] {
+    int received = 0;
+    if (sigwait(&signals, &received) == 0)
+      coordinator.abort("the coordinator received signal " + std::to_string(received));
+  }).detach();
+  return coordinator.wait();
+}
+
+int worker_command(const std::string& job_file, const std::vector<std::string>& overrides,
+                   const ConnectionFlags& connection, std::chrono::steady_clock::time_point start) {
+  if (connection.coordinator.empty()) return torchrun_worker(job_file, overrides, start);
+  if (!job_file.empty() || !overrides.empty())
+    throw InputError("with --coordinator the job comes from the coordinator: drop the job file "
+                     "and --set");
+  CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
+                            connection.tls_ca});
+  v1::JoinRequest request;
+  request.set_api_version("lockstep.v1");
+  request.set_hostname(host_name());
+  request.set_local_rank(env_int("LOCAL_RANK", -1));
+  request.set_pid(::getpid());
+  if (std::getenv("RANK")) request.set_claimed_rank(env_int("RANK", 0));
+  v1::JoinReply reply;
+  grpc::Status joined = client.join(request, &reply, std::chrono::minutes(30));
+  if (!joined.ok()) {
+    auto code = joined.error_code();
+    std::string message = "the coordinator at " + connection.coordinator + " did not let this "
+                          "worker join: " + describe(joined);
+    if (code == grpc::StatusCode::UNAUTHENTICATED || code == grpc::StatusCode::FAILED_PRECONDITION ||
+        code == grpc::StatusCode::NOT_FOUND || code == grpc::StatusCode::RESOURCE_EXHAUSTED)
+      throw InputError(message);
+    throw RunError(message);
+  }
+  JobConfig config = config_from_join(reply);
+  spdlog::info("joined run {} as rank {} of {} (generation {}) through {}", reply.run_id(),
+               reply.rank(), reply.world_size(), reply.generation(), connection.coordinator);
+
+  HeartbeatLoop heartbeat(client, {reply.run_id(), reply.rank(), reply.generation(),
+                                   to_ms(config.fault.heartbeat_s),
+                                   to_ms(config.fault.heartbeat_timeout_s)});
+  CoordinatorRendezvous rendezvous(reply, client.host());
+  WorkerOptions options;
+  options.process_start = start;
+  const char* terminal = std::getenv("LOCKSTEP_TERMINAL");
+  options.terminal = terminal ? std::string(terminal) == "1" : ::isatty(STDOUT_FILENO);
+  options.observer = &heartbeat;
+
+  v1::ReportRequest report;
+  report.set_run_id(reply.run_id());
+  report.set_rank(reply.rank());
+  report.set_generation(reply.generation());
+  try {
+    WorkerSummary summary = run_worker(config, rendezvous, ModelRegistry::with_builtins(), options);
+    heartbeat.stop();
+    report.set_success(true);
+    report.set_metrics_json(summary.metrics.dump());
+    report.set_decisions_json(summary.decisions.dump());
+  } catch (const std::exception& e) {
+    const bool own_check = dynamic_cast<const RunError*>(&e) || dynamic_cast<const InputError*>(&e);
+    if (!own_check) {
+      // A LibTorch or Gloo error, most often a peer that vanished mid-collective.
+      // The coordinator decides who failed: its ABORT (on the running heartbeat
+      // thread) ends this process naming the dead rank. Wait for that verdict.
+      spdlog::warn("rank {}: {}; waiting up to {:g} s for the coordinator's verdict on the peers",
+                   reply.rank(), e.what(), config.fault.heartbeat_timeout_s + 2);
+      std::this_thread::sleep_for(to_ms(config.fault.heartbeat_timeout_s + 2));
+    }
+    heartbeat.stop();
+    report.set_success(false);
+    report.set_error(e.what());
+    if (auto sent = client.report(report, milliseconds(10000)); !sent.ok())
+      spdlog::warn("could not report the failure to the coordinator: {}", describe(sent));
+    throw;
+  }
+  if (auto sent = client.report(report, milliseconds(10000)); !sent.ok())
+    spdlog::warn("could not report to the coordinator: {}", describe(sent));
+  return 0;
+}
+
+int status_command(const ConnectionFlags& connection, bool json) {
+  CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
+                            connection.tls_ca});
+  v1::StatusReply reply;
+  grpc::Status status = client.status(&reply, milliseconds(5000));
+  if (!status.ok())
+    throw RunError("cannot get the status from " + connection.coordinator + ": " + describe(status));
+  if (json) {
+    std::string text;
+    google::protobuf::util::JsonPrintOptions print;
+    print.always_print_primitive_fields = true;
+    (void)google::protobuf::util::MessageToJsonString(reply, &text, print);
+    std::printf("%s\n", text.c_str());
+    return 0;
+  }
+  std::printf("run %s: %s, generation %lld, %d of %d joined%s%s\n", reply.run_id().c_str(),
+              reply.state().c_str(), static_cast<long long>(reply.generation()), reply.joined(),
+              reply.world_size(), reply.failure().empty() ? "" : "\nfailure: ",
+              reply.failure().c_str());
+  std::printf("%4s  %-20s %8s %8s %9s %10s %8s  %s\n", "rank", "host", "pid", "step", "loss",
+              "samples/s", "hb age", "state");
+  for (const auto& r : reply.ranks())
+    std::printf("%4d  %-20s %8d %8lld %9.4f %10.0f %7.1fs  %s (%s)\n", r.rank(), r.host().c_str(),
+                r.pid(), static_cast<long long>(r.step()), r.loss(), r.samples_per_s(),
+                r.heartbeat_age_s(), r.state().c_str(), r.phase().c_str());
+  return 0;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,25 @@
+#pragma once
+// The subcommands of `lockstep`, each returning its exit code
+// (0 success, 1 failed run, 2 bad input). Errors are thrown as InputError /
+// RunError and turned into codes by main.
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace lockstep {
+
+struct ConnectionFlags {
+  std::string coordinator;  // HOST:PORT
+  std::string token_file;   // else LOCKSTEP_TOKEN
+  std::string tls_ca;       // CA to verify the coordinator's certificate
+};
+
+int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc);
+int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,
+                        const std::string& listen, const std::string& token_file,
+                        const std::string& tls_cert, const std::string& tls_key);
+int worker_command(const std::string& job_file, const std::vector<std::string>& overrides,
+                   const ConnectionFlags& connection, std::chrono::steady_clock::time_point start);
+int status_command(const ConnectionFlags& connection, bool json);
+
+}  // namespace lockstep

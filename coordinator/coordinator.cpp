@@ -1,0 +1,186 @@
+#include "coordinator/coordinator.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "lockstep/proto/lockstep.grpc.pb.h"
+#include "runtime/errors.h"
+#include "runtime/run_folder.h"
+
+namespace lockstep {
+namespace {
+
+bool same_secret(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;  // constant time in the length
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+std::string read_secret_file(const std::string& path, const std::string& what) {
+  std::string text = read_text_file(path, what);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+  if (text.empty()) throw InputError(what + " " + path + ": the file is empty");
+  return text;
+}
+
+std::string redact(const std::string& secret) {
+  return secret.substr(0, std::min<size_t>(4, secret.size())) + "…(" +
+         std::to_string(secret.size()) + " chars)";
+}
+
+// The gRPC handlers: check the token, then hand over to JobState.
+class CoordinatorServer::Service final : public v1::Coordinator::Service {
+ public:
+  Service(JobState& state, std::string token) : state_(state), token_(std::move(token)) {}
+
+  grpc::Status Join(grpc::ServerContext* context, const v1::JoinRequest* request,
+                    v1::JoinReply* reply) override {
+    if (auto denied = check_token(*context); !denied.ok()) return denied;
+    // The caller's deadline, on the steady clock (no deadline: a day).
+    auto left = context->deadline() - std::chrono::system_clock::now();
+    auto give_up = JobState::Clock::now() +
+                   std::min<std::chrono::system_clock::duration>(left, std::chrono::hours(24));
+    return state_.join(*request, context->peer(), give_up, reply);
+  }
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatReply* reply) override {
+    if (auto denied = check_token(*context); !denied.ok()) return denied;
+    return state_.heartbeat(*request, reply);
+  }
+  grpc::Status Report(grpc::ServerContext* context, const v1::ReportRequest* request,
+                      v1::ReportReply*) override {
+    if (auto denied = check_token(*context); !denied.ok()) return denied;
+    return state_.report(*request);
+  }
+  grpc::Status Status(grpc::ServerContext* context, const v1::StatusRequest*,
+                      v1::StatusReply* reply) override {
+    if (auto denied = check_token(*context); !denied.ok()) return denied;
+    state_.status(reply);
+    return grpc::Status::OK;
+  }
+
+ private:
+  grpc::Status check_token(const grpc::ServerContext& context) const {
+    const auto& metadata = context.client_metadata();
+    auto it = metadata.find("lockstep-token");
+    if (it == metadata.end())
+      return {grpc::StatusCode::UNAUTHENTICATED,
+              "no job token: set LOCKSTEP_TOKEN or --token-file to the coordinator's token"};
+    if (!same_secret(std::string(it->second.data(), it->second.size()), token_)) {
+      spdlog::warn("coordinator: refused a call from {}: wrong job token", context.peer());
+      return {grpc::StatusCode::UNAUTHENTICATED, "wrong job token"};
+    }
+    return grpc::Status::OK;
+  }
+
+  JobState& state_;
+  const std::string token_;
+};
+
+CoordinatorServer::CoordinatorServer(CoordinatorOptions options, JobStateOptions job)
+    : options_(std::move(options)), job_(std::move(job)) {}
+
+CoordinatorServer::~CoordinatorServer() {
+  stopping_ = true;
+  if (monitor_.joinable()) monitor_.join();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+void CoordinatorServer::start() {
+  c10d::TCPStoreOptions store_options;
+  store_options.port = 0;
+  store_options.isServer = true;
+  store_options.numWorkers = static_cast<std::size_t>(job_.world_size);
+  store_options.waitWorkers = false;
+  store_options.timeout = job_.rendezvous_timeout;
+  auto host = options_.listen.substr(0, options_.listen.rfind(':'));
+  auto store = c10::make_intrusive<c10d::TCPStore>(host.empty() ? "0.0.0.0" : host, store_options);
+  job_.store_port = store->getPort();
+  store_ = std::shared_ptr<void>(new c10::intrusive_ptr<c10d::TCPStore>(store), [](void* p) {
+    delete static_cast<c10::intrusive_ptr<c10d::TCPStore>*>(p);
+  });
+  spdlog::info("coordinator: c10d TCPStore for the job on port {}", job_.store_port);
+
+  state_ = std::make_unique<JobState>(job_);
+  service_ = std::make_unique<Service>(*state_, options_.token);
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (!options_.tls_cert_file.empty()) {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({read_secret_file(options_.tls_key_file, "--tls-key"),
+                                      read_secret_file(options_.tls_cert_file, "--tls-cert")});
+    credentials = grpc::SslServerCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureServerCredentials();
+  }
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.listen, credentials, &port_);
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(options_.max_message_bytes);
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0)
+    throw RunError("coordinator: cannot listen on " + options_.listen +
+                   " (address in use, or not an address of this machine)");
+  spdlog::info("coordinator: listening on {}:{} ({}), run {}, waiting for {} workers", host, port_,
+               options_.tls_cert_file.empty() ? "plaintext" : "TLS", job_.run_id, job_.world_size);
+  spdlog::info("Decision: job token = {} (every call must carry it)", redact(options_.token));
+  monitor_ = std::thread([this] {
+    while (!stopping_) {
+      state_->check_liveness();
+      std::this_thread::sleep_for(options_.liveness_period);
+    }
+  });
+}
+
+int CoordinatorServer::wait(std::chrono::milliseconds tell_grace) {
+  while (!state_->wait_until_ended(std::chrono::milliseconds(500))) {
+  }
+  const bool completed = state_->state() == JobState::State::kCompleted;
+  if (!completed) {
+    // Live ranks learn of the failure from their next heartbeat: give them
+    // a few heartbeat periods to hear it before the server goes away.
+    state_->wait_until_told(tell_grace);
+  }
+  write_manifest();
+  stopping_ = true;
+  if (monitor_.joinable()) monitor_.join();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (completed) {
+    spdlog::info("coordinator: run {} completed", job_.run_id);
+    return 0;
+  }
+  spdlog::error("coordinator: run {} failed: {}", job_.run_id, state_->failure());
+  return 1;
+}
+
+void CoordinatorServer::write_manifest() const {
+  if (options_.run_dir.empty()) return;
+  RunFolder folder(options_.run_dir, job_.run_id);
+  nlohmann::json manifest = nlohmann::json::object();
+  const std::string path = folder.file("manifest.json");
+  if (std::filesystem::exists(path)) {
+    std::ifstream in(path);
+    manifest = nlohmann::json::parse(in, nullptr, false);
+    if (manifest.is_discarded()) manifest = nlohmann::json::object();
+  } else {
+    folder.create();
+    manifest["run_id"] = job_.run_id;
+  }
+  manifest["coordinator"] = state_->to_json();
+  if (state_->state() == JobState::State::kFailed) {
+    manifest["status"] = "failed";
+    if (!manifest.contains("error")) manifest["error"] = state_->failure();
+  }
+  folder.write_manifest(manifest);
+  spdlog::info("coordinator: wrote its view into {}", path);
+}
+
+}  // namespace lockstep

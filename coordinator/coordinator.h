@@ -1,0 +1,68 @@
+#pragma once
+// The coordinator: a gRPC server that runs one job. It hosts the job's c10d
+// TCPStore, answers Join/Heartbeat/Report/Status, watches liveness, and at
+// the end writes its view into the run folder's manifest.json. It never sees
+// a tensor.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coordinator/job_state.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace lockstep {
+
+struct CoordinatorOptions {
+  std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
+  std::string token;                   // required in every call's "lockstep-token" header
+  std::string tls_cert_file;           // PEM; with tls_key_file, serve TLS
+  std::string tls_key_file;
+  std::string run_dir;                 // where <run-id>/manifest.json goes
+  int max_message_bytes = 1 << 20;     // larger requests are refused
+  std::chrono::milliseconds liveness_period{200};
+};
+
+class CoordinatorServer {
+ public:
+  CoordinatorServer(CoordinatorOptions options, JobStateOptions job);
+  ~CoordinatorServer();
+
+  // Starts the store and the gRPC server. Throws RunError if it cannot listen.
+  void start();
+  int port() const { return port_; }
+  const std::string& run_id() const { return job_.run_id; }
+  JobState& job_state() { return *state_; }
+
+  // Blocks until the job ends; after a failure gives live ranks up to
+  // `tell_grace` to hear ABORT from their next heartbeat; writes the
+  // manifest and stops serving. Returns 0 (completed) or 1 (failed).
+  int wait(std::chrono::milliseconds tell_grace = std::chrono::milliseconds(5000));
+  // Fails the job (for signals); wait() then returns 1.
+  void abort(const std::string& reason) { state_->fail(reason); }
+
+ private:
+  class Service;
+  void write_manifest() const;
+
+  CoordinatorOptions options_;
+  JobStateOptions job_;
+  std::unique_ptr<JobState> state_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<void> store_;  // the c10d TCPStore, held for the job's lifetime
+  std::thread monitor_;
+  std::atomic<bool> stopping_{false};
+  int port_ = 0;
+};
+
+// Reads a file's whole contents; throws InputError naming `what` and the path.
+std::string read_secret_file(const std::string& path, const std::string& what);
+// "abcd…(32 chars)": enough to tell tokens apart, never the whole secret.
+std::string redact(const std::string& secret);
+
+}  // namespace lockstep

@@ -1,0 +1,342 @@
+#include "coordinator/job_state.h"
+
+#include <algorithm>
+#include <ctime>
+
+#include <spdlog/spdlog.h>
+
+namespace lockstep {
+namespace {
+
+constexpr const char* kApiVersion = "lockstep.v1";
+
+std::string utc_now() {
+  std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+double seconds_between(JobState::Clock::time_point a, JobState::Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+JobState::JobState(JobStateOptions options) : options_(std::move(options)) {}
+
+const char* JobState::state_name(State state) {
+  switch (state) {
+    case State::kWaiting: return "waiting";
+    case State::kRunning: return "running";
+    case State::kCompleted: return "completed";
+    case State::kFailed: return "failed";
+  }
+  return "?";
+}
+
+std::string JobState::who_joined_locked() const {
+  if (workers_.empty()) return "nobody joined";
+  std::string out;
+  for (const auto& w : workers_)
+    out += (out.empty() ? "" : ", ") + w.host + " (pid " + std::to_string(w.pid) + ", local rank " +
+           std::to_string(w.local_rank) + ", from " + w.peer + ")";
+  return std::to_string(workers_.size()) + " of " + std::to_string(options_.world_size) +
+         " joined: " + out;
+}
+
+void JobState::assign_ranks_locked() {
+  std::vector<Worker*> order;
+  for (auto& w : workers_) order.push_back(&w);
+  // Stable order: host name, then local rank, then join order.
+  std::sort(order.begin(), order.end(), [](const Worker* a, const Worker* b) {
+    if (a->host != b->host) return a->host < b->host;
+    if (a->local_rank != b->local_rank) return a->local_rank < b->local_rank;
+    return a->join_order < b->join_order;
+  });
+  std::vector<bool> taken(size_t(options_.world_size), false);
+  for (auto* w : order)
+    if (w->rank >= 0) taken[size_t(w->rank)] = true;  // claims were checked at join
+  size_t next = 0;
+  for (auto* w : order) {
+    bool claimed = w->rank >= 0;
+    if (!claimed) {
+      while (taken[next]) ++next;
+      w->rank = int(next);
+      taken[next] = true;
+    }
+    spdlog::info("Decision: rank {} = {}:{} pid {} ({})", w->rank, w->host, w->local_rank, w->pid,
+                 claimed ? "claimed by the worker (RANK)" : "sorted by host name, local rank, join order");
+  }
+  for (auto& w : workers_) {
+    w.local_world_size = 0;
+    w.local_index = 0;
+    for (const auto& other : workers_) {
+      if (other.host != w.host) continue;
+      ++w.local_world_size;
+      if (other.rank < w.rank) ++w.local_index;
+    }
+  }
+}
+
+grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& peer,
+                            Clock::time_point give_up, v1::JoinReply* reply) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (request.api_version() != kApiVersion)
+    return {grpc::StatusCode::FAILED_PRECONDITION,
+            "this coordinator speaks " + std::string(kApiVersion) + ", the worker " +
+                (request.api_version().empty() ? "no version" : request.api_version()) +
+                "; run the same lockstep version on both"};
+  if (!request.run_id().empty() && request.run_id() != options_.run_id)
+    return {grpc::StatusCode::NOT_FOUND,
+            "unknown run id '" + request.run_id() + "': this coordinator runs '" +
+                options_.run_id + "'"};
+  if (state_ != State::kWaiting || int(workers_.size()) >= options_.world_size)
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            "job " + options_.run_id + " is full: " + std::to_string(workers_.size()) + " of " +
+                std::to_string(options_.world_size) + " workers joined, state " +
+                state_name(state_)};
+  if (request.has_claimed_rank()) {
+    int claim = request.claimed_rank();
+    if (claim < 0 || claim >= options_.world_size)
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              "claimed rank " + std::to_string(claim) + " is outside 0.." +
+                  std::to_string(options_.world_size - 1)};
+    for (const auto& w : workers_)
+      if (w.rank == claim)
+        return {grpc::StatusCode::FAILED_PRECONDITION,
+                "rank " + std::to_string(claim) + " is already claimed by " + w.host + " pid " +
+                    std::to_string(w.pid)};
+  }
+  if (request.local_rank() >= 0)
+    for (const auto& w : workers_)
+      if (w.host == request.hostname() && w.local_rank == request.local_rank())
+        return {grpc::StatusCode::FAILED_PRECONDITION,
+                "host " + w.host + " local rank " + std::to_string(w.local_rank) +
+                    " already joined (pid " + std::to_string(w.pid) + ")"};
+
+  Worker worker;
+  worker.host = request.hostname();
+  worker.local_rank = request.local_rank();
+  worker.pid = request.pid();
+  worker.peer = peer;
+  worker.join_order = int(workers_.size());
+  worker.joined_at = utc_now();
+  worker.rank = request.has_claimed_rank() ? request.claimed_rank() : -1;
+  workers_.push_back(worker);
+  const size_t index = workers_.size() - 1;
+  spdlog::info("coordinator: join {} of {}: {} local rank {} pid {} from {}", workers_.size(),
+               options_.world_size, worker.host, worker.local_rank, worker.pid, peer);
+
+  if (int(workers_.size()) == options_.world_size) {
+    assign_ranks_locked();
+    generation_ = 1;
+    state_ = State::kRunning;
+    for (auto& w : workers_) {
+      w.state = "running";
+      w.last_heartbeat = Clock::now();  // the clock starts at the rendezvous
+    }
+    spdlog::info("coordinator: all {} workers joined; generation {} of run {} starts",
+                 options_.world_size, generation_, options_.run_id);
+    changed_.notify_all();
+  }
+  const auto deadline = std::min(give_up, created_ + options_.rendezvous_timeout);
+  changed_.wait_until(lock, deadline, [&] { return state_ != State::kWaiting; });
+  if (state_ == State::kWaiting) {
+    if (Clock::now() >= created_ + options_.rendezvous_timeout) {
+      fail_locked("rendezvous timed out after " +
+                  std::to_string(options_.rendezvous_timeout.count() / 1000.0).substr(0, 5) +
+                  " s: " + who_joined_locked());
+    } else {  // this caller gave up: take it off the list
+      workers_.erase(workers_.begin() + long(index));
+      return {grpc::StatusCode::DEADLINE_EXCEEDED, "gave up waiting for the other workers"};
+    }
+  }
+  if (state_ == State::kFailed) return {grpc::StatusCode::ABORTED, failure_};
+  const Worker& me = workers_[index];
+  reply->set_rank(me.rank);
+  reply->set_world_size(options_.world_size);
+  reply->set_generation(generation_);
+  reply->set_run_id(options_.run_id);
+  reply->set_seed(options_.seed);
+  for (const auto& s : options_.settings) reply->add_settings(s);
+  for (const auto& [key, source] : options_.sources) (*reply->mutable_config_sources())[key] = source;
+  reply->set_job_file(options_.job_file);
+  reply->set_store_port(options_.store_port);
+  reply->set_local_world_size(me.local_world_size);
+  reply->set_local_rank(me.local_index);
+  return grpc::Status::OK;
+}
+
+JobState::Worker* JobState::find_locked(const std::string& run_id, int rank, int64_t generation,
+                                        grpc::Status* error) {
+  if (run_id != options_.run_id) {
+    *error = {grpc::StatusCode::NOT_FOUND, "unknown run id '" + run_id + "'"};
+    return nullptr;
+  }
+  for (auto& w : workers_)
+    if (w.rank == rank && generation == generation_ && state_ != State::kWaiting) return &w;
+  *error = {grpc::StatusCode::NOT_FOUND, "no rank " + std::to_string(rank) + " in generation " +
+                                             std::to_string(generation) + " of run " + run_id};
+  return nullptr;
+}
+
+grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatReply* reply) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  grpc::Status error;
+  Worker* w = find_locked(request.run_id(), request.rank(), request.generation(), &error);
+  if (!w) return error;
+  const auto now = Clock::now();
+  w->max_heartbeat_gap_s = std::max(w->max_heartbeat_gap_s, seconds_between(w->last_heartbeat, now));
+  w->last_heartbeat = now;
+  w->heartbeat_seen = true;
+  ++w->heartbeats;
+  w->step = request.step();
+  w->loss = request.loss();
+  w->samples_per_s = request.samples_per_s();
+  w->phase = request.phase();
+  if (state_ == State::kFailed) {
+    reply->set_command(v1::HeartbeatReply::ABORT);
+    reply->set_reason(failure_);
+    w->told_to_abort = true;
+    changed_.notify_all();
+  } else {
+    reply->set_command(v1::HeartbeatReply::CONTINUE);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status JobState::report(const v1::ReportRequest& request) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  grpc::Status error;
+  Worker* w = find_locked(request.run_id(), request.rank(), request.generation(), &error);
+  if (!w) return error;
+  w->metrics = nlohmann::json::parse(request.metrics_json().empty() ? "{}" : request.metrics_json(),
+                                     nullptr, false);
+  if (request.success()) {
+    w->state = "finished";
+    spdlog::info("coordinator: rank {} finished", w->rank);
+  } else {
+    w->state = "failed";
+    w->error = request.error();
+    spdlog::error("coordinator: rank {} ({}) failed: {}", w->rank, w->host, w->error);
+    if (state_ == State::kRunning)
+      fail_locked("rank " + std::to_string(w->rank) + " (" + w->host + ") failed at step " +
+                  std::to_string(w->step) + ": " + w->error);
+  }
+  if (state_ == State::kRunning &&
+      std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.state == "finished"; })) {
+    state_ = State::kCompleted;
+    spdlog::info("coordinator: every rank finished: run {} completed", options_.run_id);
+  }
+  changed_.notify_all();
+  return grpc::Status::OK;
+}
+
+void JobState::fail_locked(const std::string& reason) {
+  if (state_ == State::kFailed || state_ == State::kCompleted) return;
+  state_ = State::kFailed;
+  failure_ = reason;
+  spdlog::error("coordinator: job failed: {}", reason);
+  changed_.notify_all();
+}
+
+void JobState::fail(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  fail_locked(reason);
+}
+
+void JobState::check_liveness() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  if (state_ == State::kWaiting && now >= created_ + options_.rendezvous_timeout) {
+    fail_locked("rendezvous timed out after " +
+                std::to_string(options_.rendezvous_timeout.count() / 1000.0).substr(0, 5) +
+                " s: " + who_joined_locked());
+    return;
+  }
+  if (state_ != State::kRunning && state_ != State::kFailed) return;
+  for (auto& w : workers_) {
+    if (w.state != "running") continue;
+    double silent = seconds_between(w.last_heartbeat, now);
+    if (silent * 1000.0 <= double(options_.heartbeat_timeout.count())) continue;
+    w.state = "dead";
+    spdlog::error("coordinator: rank {} ({} pid {}) declared dead: no heartbeat for {:.1f} s "
+                  "(fault.heartbeat_timeout_s = {:g}), last step {}",
+                  w.rank, w.host, w.pid, silent, options_.heartbeat_timeout.count() / 1000.0, w.step);
+    fail_locked("rank " + std::to_string(w.rank) + " (" + w.host + " pid " + std::to_string(w.pid) +
+                ") is dead: no heartbeat for " + std::to_string(silent).substr(0, 4) +
+                " s, last step " + std::to_string(w.step));
+  }
+}
+
+bool JobState::wait_until_ended(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return changed_.wait_for(lock, timeout, [&] {
+    return state_ == State::kCompleted || state_ == State::kFailed;
+  });
+}
+
+void JobState::wait_until_told(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait_for(lock, timeout, [&] {
+    return std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) {
+      return w.told_to_abort || w.state != "running";
+    });
+  });
+}
+
+JobState::State JobState::state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return state_;
+}
+
+std::string JobState::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+void JobState::status(v1::StatusReply* reply) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  reply->set_run_id(options_.run_id);
+  reply->set_state(state_name(state_));
+  reply->set_world_size(options_.world_size);
+  reply->set_generation(generation_);
+  reply->set_failure(failure_);
+  reply->set_joined(int(workers_.size()));
+  std::vector<const Worker*> by_rank;
+  for (const auto& w : workers_) by_rank.push_back(&w);
+  std::sort(by_rank.begin(), by_rank.end(),
+            [](const Worker* a, const Worker* b) { return a->rank < b->rank; });
+  for (const Worker* w : by_rank) {
+    auto* row = reply->add_ranks();
+    row->set_rank(w->rank);
+    row->set_host(w->host);
+    row->set_pid(w->pid);
+    row->set_step(w->step);
+    row->set_loss(w->loss);
+    row->set_samples_per_s(w->samples_per_s);
+    row->set_heartbeat_age_s(w->heartbeat_seen ? seconds_between(w->last_heartbeat, now) : -1.0);
+    row->set_state(w->state);
+    row->set_phase(w->phase);
+  }
+}
+
+nlohmann::json JobState::to_json() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  nlohmann::json workers = nlohmann::json::array();
+  for (const auto& w : workers_)
+    workers.push_back({{"rank", w.rank}, {"host", w.host}, {"local_rank", w.local_rank},
+                       {"pid", w.pid}, {"peer", w.peer}, {"joined_at", w.joined_at},
+                       {"join_order", w.join_order}, {"state", w.state},
+                       {"heartbeats", w.heartbeats},
+                       {"max_heartbeat_gap_s", w.max_heartbeat_gap_s},
+                       {"last_step", w.step}, {"error", w.error}});
+  return {{"state", state_name(state_)}, {"failure", failure_}, {"generation", generation_},
+          {"world_size", options_.world_size}, {"workers", workers}};
+}
+
+}  // namespace lockstep

@@ -1,0 +1,116 @@
+#pragma once
+// The coordinator's view of one job: who joined, which rank each got, their
+// heartbeats, and how the job ends. Thread-safe: every gRPC handler and the
+// liveness monitor call into one JobState.
+//
+// Protocol, as the coordinator runs it:
+//   1. waiting: Join calls block until job.world_size workers have joined
+//      or the rendezvous deadline passes (then: failed, naming who joined);
+//   2. when the last worker joins, ranks are assigned in a stable order
+//      (claimed ranks first, then by host name, local rank, join order), the
+//      generation starts, every Join returns: running;
+//   3. running: heartbeats update each rank's row; a rank silent for longer
+//      than the heartbeat timeout, or a rank that reports failure, fails the
+//      job, and every other rank's next heartbeat is answered ABORT;
+//   4. completed when every rank reported success.
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <grpcpp/support/status.h>
+#include <nlohmann/json.hpp>
+
+#include "lockstep/proto/lockstep.pb.h"
+
+namespace lockstep {
+
+struct JobStateOptions {
+  std::string run_id;
+  int world_size = 1;
+  int64_t seed = 0;
+  std::vector<std::string> settings;  // the effective job configuration
+  std::map<std::string, std::string> sources;  // where each setting came from
+  std::string job_file;
+  int store_port = 0;
+  std::chrono::milliseconds rendezvous_timeout{120000};
+  std::chrono::milliseconds heartbeat_timeout{10000};
+};
+
+class JobState {
+ public:
+  using Clock = std::chrono::steady_clock;
+  enum class State { kWaiting, kRunning, kCompleted, kFailed };
+
+  explicit JobState(JobStateOptions options);
+
+  // Blocks (at most until the rendezvous deadline or `give_up`) until the
+  // job is full; fills `reply`. Errors carry the gRPC status the issue
+  // names: RESOURCE_EXHAUSTED (full), FAILED_PRECONDITION (API version,
+  // duplicate claim), NOT_FOUND (run id), DEADLINE_EXCEEDED (rendezvous).
+  grpc::Status join(const v1::JoinRequest& request, const std::string& peer,
+                    Clock::time_point give_up, v1::JoinReply* reply);
+  grpc::Status heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatReply* reply);
+  grpc::Status report(const v1::ReportRequest& request);
+  void status(v1::StatusReply* reply) const;
+
+  // Declares ranks dead whose heartbeat is too old, and fails a rendezvous
+  // that ran out of time. Called periodically by the monitor.
+  void check_liveness();
+  // Fails the job from outside (a signal to the coordinator, say).
+  void fail(const std::string& reason);
+
+  // Waits until the job has ended (completed or failed), at most `timeout`.
+  bool wait_until_ended(std::chrono::milliseconds timeout) const;
+  // After a failure: waits until every live rank was told to abort or has
+  // reported, at most `timeout`.
+  void wait_until_told(std::chrono::milliseconds timeout) const;
+  State state() const;
+  std::string failure() const;
+  // The coordinator's view for manifest.json.
+  nlohmann::json to_json() const;
+
+ private:
+  struct Worker {
+    std::string host;
+    int local_rank = -1;
+    int pid = 0;
+    std::string peer;
+    int join_order = 0;
+    std::string joined_at;
+    int rank = -1;
+    int local_world_size = 1;
+    int local_index = 0;
+    std::string state = "joined";  // joined | running | finished | failed | dead
+    Clock::time_point last_heartbeat{};
+    bool heartbeat_seen = false;
+    int heartbeats = 0;
+    double max_heartbeat_gap_s = 0;
+    int64_t step = 0;
+    double loss = 0;
+    double samples_per_s = 0;
+    std::string phase;
+    bool told_to_abort = false;
+    std::string error;
+    nlohmann::json metrics;
+  };
+
+  void assign_ranks_locked();
+  void fail_locked(const std::string& reason);
+  std::string who_joined_locked() const;
+  Worker* find_locked(const std::string& run_id, int rank, int64_t generation, grpc::Status* error);
+  static const char* state_name(State state);
+
+  const JobStateOptions options_;
+  const Clock::time_point created_ = Clock::now();
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  State state_ = State::kWaiting;       // guarded by mutex_
+  std::vector<Worker> workers_;         // guarded by mutex_; index = join order
+  std::string failure_;                 // guarded by mutex_
+  int64_t generation_ = 0;              // guarded by mutex_
+};
+
+}  // namespace lockstep

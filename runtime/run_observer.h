@@ -1,0 +1,24 @@
+#pragma once
+// Who else wants to know how a rank's run goes: the coordinator's heartbeat
+// loop, for one. Calls come from the training thread; an implementation
+// must return quickly and be safe against its own threads.
+#include <cstdint>
+#include <string>
+
+namespace lockstep {
+
+class RunObserver {
+ public:
+  virtual ~RunObserver() = default;
+  // startup | train | eval | done
+  virtual void on_phase(const std::string& phase) { (void)phase; }
+  // After every optimizer step (1-based), with this rank's recent mean loss
+  // and the global samples per second.
+  virtual void on_step(int64_t step, double loss, double samples_per_s) {
+    (void)step, (void)loss, (void)samples_per_s;
+  }
+  // True once the run should end cleanly after the current step.
+  virtual bool stop_requested() { return false; }
+};
+
+}  // namespace lockstep

@@ -1,0 +1,126 @@
+// The coordinator end to end with real gRPC on loopback and real processes:
+// the embedded one behind `lockstep run`, one started by hand with workers
+// started by hand, TLS, and a rendezvous that never fills.
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "integration/cluster.h"
+
+namespace lockstep::testing {
+namespace {
+
+TEST(Coordinator, RunTrainsThroughTheEmbeddedCoordinatorAndStatusShowsProgress) {
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist"))
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir dir;
+  LockstepProcess run({"run", examples_dir() + "/fashion_mnist_mlp.toml", "--nproc", "2", "--set",
+                       "job.run_dir=" + dir.path() + "/runs", "--set", "job.epochs=0", "--set",
+                       "job.steps=1500", "--set", "fault.heartbeat_s=0.2"},
+                      dir.path(), {"LOCKSTEP_TOKEN=" + kToken});
+  ASSERT_TRUE(run.wait_for_output("listening on", 30)) << run.output();
+  std::smatch match;
+  std::string out = run.output();
+  ASSERT_TRUE(std::regex_search(out, match, std::regex("listening on [^:]+:([0-9]+)")));
+  const std::string address = "127.0.0.1:" + match[1].str();
+
+  // `lockstep status --json`, the command a person would run, twice.
+  auto steps = [&]() {
+    auto result = run_lockstep({"status", "--coordinator", address, "--json"}, dir.path(), 15,
+                               {"LOCKSTEP_TOKEN=" + kToken});
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    auto json = nlohmann::json::parse(result.output.substr(result.output.find('{')));
+    std::vector<int64_t> out;
+    for (const auto& r : json["ranks"]) out.push_back(std::stoll(r["step"].get<std::string>()));
+    return std::make_pair(json, out);
+  };
+  std::vector<int64_t> first;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    first = steps().second;
+    if (first.size() == 2 && first[0] > 0 && first[1] > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_EQ(first.size(), 2u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  auto [json, second] = steps();
+  ASSERT_EQ(second.size(), 2u) << json.dump();
+  EXPECT_GT(second[0], first[0]);
+  EXPECT_GT(second[1], first[1]);
+  EXPECT_EQ(json["state"], "running");
+
+  auto table = run_lockstep({"status", "--coordinator", address}, dir.path(), 15,
+                            {"LOCKSTEP_TOKEN=" + kToken});
+  EXPECT_NE(table.output.find("samples/s"), std::string::npos) << table.output;
+
+  EXPECT_EQ(run.wait(120), 0) << run.output();
+  auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "completed");
+  EXPECT_EQ(manifest["coordinator"]["state"], "completed");
+  EXPECT_EQ(manifest["coordinator"]["workers"].size(), 2u);
+}
+
+TEST(Coordinator, HandStartedCoordinatorAndWorkersTrainToTheEnd) {
+  TempDir dir;
+  Cluster cluster(dir, {"job.steps=30"});
+  auto& a = cluster.add_worker();
+  auto& b = cluster.add_worker();
+  EXPECT_EQ(a.wait(120), 0) << a.output();
+  EXPECT_EQ(b.wait(120), 0) << b.output();
+  EXPECT_EQ(cluster.coordinator->wait(30), 0) << cluster.coordinator->output();
+  EXPECT_NE(cluster.coordinator->output().find("Decision: rank 0 = "), std::string::npos);
+  auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "completed");
+  EXPECT_EQ(manifest["metrics"]["steps"], 30);
+  const auto& workers = manifest["coordinator"]["workers"];
+  ASSERT_EQ(workers.size(), 2u);
+  std::set<int> pids = {workers[0]["pid"].get<int>(), workers[1]["pid"].get<int>()};
+  EXPECT_EQ(pids, (std::set<int>{a.pid(), b.pid()}));
+  for (const auto& w : workers) {
+    EXPECT_FALSE(w["joined_at"].get<std::string>().empty());
+    EXPECT_NE(w["peer"].get<std::string>().find("127.0.0.1"), std::string::npos);
+    EXPECT_EQ(w["state"], "finished");
+    EXPECT_GT(w["heartbeats"].get<int>(), 0);
+  }
+}
+
+TEST(Coordinator, TlsWorksWithTheCaAndRefusesAClientWithoutIt) {
+  TempDir dir;
+  const std::string cert = dir.path() + "/cert.pem", key = dir.path() + "/key.pem";
+  std::string command = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+                        "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " + key +
+                        " -out " + cert + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(command.c_str()), 0) << "openssl could not make a certificate";
+  Cluster cluster(dir, {"job.steps=20"}, {"--tls-cert", cert, "--tls-key", key});
+  auto refused = run_lockstep({"status", "--coordinator", cluster.address("localhost")}, dir.path(),
+                              20, {"LOCKSTEP_TOKEN=" + kToken});
+  EXPECT_EQ(refused.exit_code, 1) << refused.output;
+  EXPECT_NE(refused.output.find("UNAVAILABLE"), std::string::npos) << refused.output;
+  auto& a = cluster.add_worker({"--tls-ca", cert}, "localhost");
+  auto& b = cluster.add_worker({"--tls-ca", cert}, "localhost");
+  EXPECT_EQ(a.wait(120), 0) << a.output();
+  EXPECT_EQ(b.wait(120), 0) << b.output();
+  EXPECT_EQ(cluster.coordinator->wait(30), 0) << cluster.coordinator->output();
+  EXPECT_NE(cluster.coordinator->output().find("(TLS)"), std::string::npos);
+}
+
+TEST(Coordinator, RendezvousTimeoutNamesWhoJoined) {
+  TempDir dir;
+  Cluster cluster(dir, {"comm.rendezvous_timeout_s=3"});
+  auto& lonely = cluster.add_worker();
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(cluster.coordinator->wait(20), 1) << cluster.coordinator->output();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 8.0);
+  const std::string expected = "1 of 2 joined: ";
+  EXPECT_NE(cluster.coordinator->output().find("rendezvous timed out after 3"), std::string::npos)
+      << cluster.coordinator->output();
+  EXPECT_NE(cluster.coordinator->output().find(expected), std::string::npos);
+  EXPECT_NE(cluster.coordinator->output().find("pid " + std::to_string(lonely.pid())),
+            std::string::npos);
+  EXPECT_NE(lonely.wait(20), 0);
+  EXPECT_NE(lonely.output().find("rendezvous timed out"), std::string::npos) << lonely.output();
+}
+
+}  // namespace
+}  // namespace lockstep::testing

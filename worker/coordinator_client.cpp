@@ -1,0 +1,142 @@
+#include "worker/coordinator_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "lockstep/proto/lockstep.grpc.pb.h"
+#include "runtime/errors.h"
+#include "runtime/run_folder.h"
+
+namespace lockstep {
+namespace {
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
+}
+
+const char* code_name(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    default: return "ERROR";
+  }
+}
+
+}  // namespace
+
+std::string describe(const grpc::Status& status) {
+  return std::string(code_name(status.error_code())) + ": " + status.error_message();
+}
+
+struct CoordinatorClient::Stub {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Coordinator::Stub> stub;
+};
+
+CoordinatorClient::CoordinatorClient(ClientOptions options) : options_(std::move(options)) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (!options_.tls_ca_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = read_text_file(options_.tls_ca_file, "--tls-ca");
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  stub_ = std::make_unique<Stub>();
+  stub_->channel = grpc::CreateCustomChannel(options_.address, credentials, arguments);
+  stub_->stub = v1::Coordinator::NewStub(stub_->channel);
+}
+
+CoordinatorClient::~CoordinatorClient() = default;
+
+namespace {
+void prepare(grpc::ClientContext& context, const std::string& token,
+             std::chrono::milliseconds deadline) {
+  context.set_deadline(std::chrono::system_clock::now() + deadline);
+  context.AddMetadata("lockstep-token", token);
+}
+}  // namespace
+
+grpc::Status CoordinatorClient::join(const v1::JoinRequest& request, v1::JoinReply* reply,
+                                     std::chrono::milliseconds deadline) {
+  grpc::ClientContext context;
+  prepare(context, options_.token, deadline);
+  return stub_->stub->Join(&context, request, reply);
+}
+
+grpc::Status CoordinatorClient::heartbeat(const v1::HeartbeatRequest& request,
+                                          v1::HeartbeatReply* reply,
+                                          std::chrono::milliseconds deadline) {
+  grpc::ClientContext context;
+  prepare(context, options_.token, deadline);
+  return stub_->stub->Heartbeat(&context, request, reply);
+}
+
+grpc::Status CoordinatorClient::report(const v1::ReportRequest& request,
+                                       std::chrono::milliseconds deadline) {
+  grpc::ClientContext context;
+  prepare(context, options_.token, deadline);
+  v1::ReportReply reply;
+  return stub_->stub->Report(&context, request, &reply);
+}
+
+grpc::Status CoordinatorClient::status(v1::StatusReply* reply, std::chrono::milliseconds deadline) {
+  grpc::ClientContext context;
+  prepare(context, options_.token, deadline);
+  return stub_->stub->Status(&context, v1::StatusRequest(), reply);
+}
+
+std::string CoordinatorClient::host() const {
+  auto colon = options_.address.rfind(':');
+  std::string host = colon == std::string::npos ? options_.address : options_.address.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+JobConfig config_from_join(const v1::JoinReply& reply) {
+  JobConfig config;
+  std::vector<std::string> settings(reply.settings().begin(), reply.settings().end());
+  apply_overrides(config, settings);
+  for (auto& [key, source] : config.sources) {
+    auto shipped = reply.config_sources().find(key);
+    source = shipped != reply.config_sources().end() ? shipped->second : "coordinator";
+  }
+  config.job_file = reply.job_file();
+  validate(config);
+  return config;
+}
+
+RendezvousResult CoordinatorRendezvous::join(std::chrono::milliseconds timeout) {
+  RendezvousResult result;
+  result.rank = reply_.rank();
+  result.world_size = reply_.world_size();
+  result.local_rank = reply_.local_rank();
+  result.local_world_size = reply_.local_world_size();
+  result.run_id = reply_.run_id();
+  const std::string store_host = reply_.store_host().empty() ? host_ : reply_.store_host();
+  result.gloo_host = is_loopback(store_host) ? "127.0.0.1" : "";
+  try {
+    result.store = open_tcp_store(store_host, reply_.store_port(), false, reply_.world_size(), timeout);
+  } catch (const std::exception& e) {
+    throw RunError("rank " + std::to_string(result.rank) + ": cannot reach the coordinator's store at " +
+                   store_host + ":" + std::to_string(reply_.store_port()) + " (" + e.what() + ")");
+  }
+  result.description = "coordinator's TCPStore at " + store_host + ":" +
+                       std::to_string(reply_.store_port()) + ", generation " +
+                       std::to_string(reply_.generation());
+  return result;
+}
+
+}  // namespace lockstep

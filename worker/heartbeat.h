@@ -1,0 +1,55 @@
+#pragma once
+// A worker's heartbeat to the coordinator, on its own thread: every period
+// it sends the latest step, phase, loss and throughput. The reply can end
+// the run: STOP sets stop_requested(); ABORT (a peer is gone, collectives
+// will never complete) ends this process at once with exit status 1, since
+// a rank blocked in a Gloo collective cannot be unwound. A coordinator that
+// stays unreachable for longer than `timeout` ends the process the same way:
+// nothing waits forever.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "runtime/run_observer.h"
+#include "worker/coordinator_client.h"
+
+namespace lockstep {
+
+struct HeartbeatOptions {
+  std::string run_id;
+  int rank = 0;
+  int64_t generation = 0;
+  std::chrono::milliseconds period{1000};
+  std::chrono::milliseconds timeout{10000};
+};
+
+class HeartbeatLoop : public RunObserver {
+ public:
+  HeartbeatLoop(CoordinatorClient& client, HeartbeatOptions options);
+  ~HeartbeatLoop() override;  // stops the thread
+
+  void on_phase(const std::string& phase) override;
+  void on_step(int64_t step, double loss, double samples_per_s) override;
+  bool stop_requested() override { return stop_requested_; }
+
+  // Stops sending (before the final Report).
+  void stop();
+
+ private:
+  void run();
+  [[noreturn]] void leave(const std::string& why);
+
+  CoordinatorClient& client_;
+  const HeartbeatOptions options_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;        // guarded by mutex_
+  v1::HeartbeatRequest latest_;  // guarded by mutex_
+  std::atomic<bool> stop_requested_{false};
+  std::thread thread_;
+};
+
+}  // namespace lockstep
