@@ -71,6 +71,7 @@ JobStateOptions job_options(const JobConfig& config, const std::string& run_id) 
   job.job_file = config.job_file;
   job.rendezvous_timeout = to_ms(config.comm.rendezvous_timeout_s);
   job.heartbeat_timeout = to_ms(config.fault.heartbeat_timeout_s);
+  job.heartbeat_period = to_ms(config.fault.heartbeat_s);
   return job;
 }
 

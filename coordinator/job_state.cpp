@@ -5,19 +5,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/run_folder.h"
+
 namespace lockstep {
 namespace {
 
 constexpr const char* kApiVersion = "lockstep.v1";
-
-std::string utc_now() {
-  std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
 
 double seconds_between(JobState::Clock::time_point a, JobState::Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -123,7 +116,7 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
   worker.pid = request.pid();
   worker.peer = peer;
   worker.join_order = int(workers_.size());
-  worker.joined_at = utc_now();
+  worker.joined_at = utc_timestamp();
   worker.rank = request.has_claimed_rank() ? request.claimed_rank() : -1;
   workers_.push_back(worker);
   const size_t index = workers_.size() - 1;
@@ -189,7 +182,10 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
   Worker* w = find_locked(request.run_id(), request.rank(), request.generation(), &error);
   if (!w) return error;
   const auto now = Clock::now();
-  w->max_heartbeat_gap_s = std::max(w->max_heartbeat_gap_s, seconds_between(w->last_heartbeat, now));
+  const double gap = seconds_between(w->last_heartbeat, now);
+  const double period = options_.heartbeat_period.count() / 1000.0;
+  w->max_heartbeat_gap_s = std::max(w->max_heartbeat_gap_s, gap);
+  if (w->heartbeat_seen && period > 0 && gap > 1.5 * period) w->heartbeats_missed += int64_t(gap / period) - 1;
   w->last_heartbeat = now;
   w->heartbeat_seen = true;
   ++w->heartbeats;
@@ -334,6 +330,7 @@ nlohmann::json JobState::to_json() const {
                        {"join_order", w.join_order}, {"state", w.state},
                        {"heartbeats", w.heartbeats},
                        {"max_heartbeat_gap_s", w.max_heartbeat_gap_s},
+                       {"heartbeats_missed", w.heartbeats_missed},
                        {"last_step", w.step}, {"error", w.error}});
   return {{"state", state_name(state_)}, {"failure", failure_}, {"generation", generation_},
           {"world_size", options_.world_size}, {"workers", workers}};

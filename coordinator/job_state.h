@@ -37,6 +37,7 @@ struct JobStateOptions {
   int store_port = 0;
   std::chrono::milliseconds rendezvous_timeout{120000};
   std::chrono::milliseconds heartbeat_timeout{10000};
+  std::chrono::milliseconds heartbeat_period{1000};  // what workers were told to keep
 };
 
 class JobState {
@@ -88,6 +89,7 @@ class JobState {
     bool heartbeat_seen = false;
     int heartbeats = 0;
     double max_heartbeat_gap_s = 0;
+    int64_t heartbeats_missed = 0;  // periods that passed without one
     int64_t step = 0;
     double loss = 0;
     double samples_per_s = 0;

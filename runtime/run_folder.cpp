@@ -31,6 +31,15 @@ std::string new_run_id(const std::string& job_name) {
   return name + "-" + stamp + "-" + suffix;
 }
 
+std::string utc_timestamp() {
+  std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
 void write_file_atomically(const std::string& path, const std::string& contents) {
   const std::string temp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);

@@ -12,6 +12,9 @@ namespace lockstep {
 // "<job-name>-YYYYmmdd-HHMMSS-<4 hex>", unique enough for one machine.
 std::string new_run_id(const std::string& job_name);
 
+// Now, as ISO 8601 in UTC: "2026-12-02T14:07:08Z".
+std::string utc_timestamp();
+
 // Writes `contents` to `path` via a temporary file, fsync and rename, so a
 // reader sees the old file or the new one, never half of one.
 void write_file_atomically(const std::string& path, const std::string& contents);

@@ -26,15 +26,6 @@ using std::chrono::milliseconds;
 
 milliseconds to_ms(double seconds) { return milliseconds(int64_t(seconds * 1000.0)); }
 
-std::string iso_time_now() {
-  std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
-
 std::string host_name() {
   char name[256] = {0};
   ::gethostname(name, sizeof name - 1);
@@ -114,7 +105,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     for (int r = 0; r < world; ++r) ranks.push_back({{"rank", r}, {"host", hosts[r]}});
     manifest.body = {{"run_id", run_id},
                      {"status", "running"},
-                     {"started_at", iso_time_now()},
+                     {"started_at", utc_timestamp()},
                      {"lockstep_version", LOCKSTEP_VERSION},
                      {"libtorch_version", TORCH_VERSION},
                      {"job_file", config.job_file},
@@ -199,7 +190,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
       manifest.body["phases"] = timer.to_json(wall);
       manifest.body["decisions"] = decisions.to_json();
       manifest.body["status"] = "completed";
-      manifest.body["finished_at"] = iso_time_now();
+      manifest.body["finished_at"] = utc_timestamp();
       manifest.write();
       spdlog::info("test accuracy {:.4f}, test loss {:.4f} after {} steps ({} masked targets on "
                    "rank 0, {} skipped steps)",
@@ -219,7 +210,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     if (rank == 0) {
       manifest.body["status"] = "failed";
       manifest.body["error"] = e.what();
-      manifest.body["finished_at"] = iso_time_now();
+      manifest.body["finished_at"] = utc_timestamp();
       manifest.body["decisions"] = decisions.to_json();
       manifest.write();
     }
