@@ -13,6 +13,7 @@
 
 #include "cli/launcher.h"
 #include "coordinator/coordinator.h"
+#include "runtime/audit_report.h"
 #include "runtime/dataset.h"
 #include "runtime/errors.h"
 #include "runtime/machine.h"
@@ -245,6 +246,13 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
   return 0;
 }
 
+int audit_command(const std::string& run_dir, bool json) {
+  AuditReport report = audit_run_folder(run_dir);
+  if (json) std::printf("%s\n", report.json.dump(2).c_str());
+  else std::printf("%s", report.text.c_str());
+  return report.exit_code;
+}
+
 int status_command(const ConnectionFlags& connection, bool json) {
   CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
                             connection.tls_ca});
@@ -264,6 +272,7 @@ int status_command(const ConnectionFlags& connection, bool json) {
               reply.state().c_str(), static_cast<long long>(reply.generation()), reply.joined(),
               reply.world_size(), reply.failure().empty() ? "" : "\nfailure: ",
               reply.failure().c_str());
+  if (!reply.last_audit().empty()) std::printf("last audit: %s\n", reply.last_audit().c_str());
   std::printf("%4s  %-20s %8s %8s %9s %10s %8s  %s\n", "rank", "host", "pid", "step", "loss",
               "samples/s", "hb age", "state");
   for (const auto& r : reply.ranks())

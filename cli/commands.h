@@ -21,5 +21,6 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
 int worker_command(const std::string& job_file, const std::vector<std::string>& overrides,
                    const ConnectionFlags& connection, std::chrono::steady_clock::time_point start);
 int status_command(const ConnectionFlags& connection, bool json);
+int audit_command(const std::string& run_dir, bool json);
 
 }  // namespace lockstep

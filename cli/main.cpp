@@ -56,6 +56,11 @@ int main(int argc, char** argv) {
   add_connection(status, true);
   status->add_flag("--json", json, "print JSON for scripts");
 
+  std::string run_dir;
+  auto* audit = app.add_subcommand("audit", "offline: did the ranks of a run agree at every audit?");
+  audit->add_option("run_dir", run_dir, "the run folder, runs/<run-id>")->required();
+  audit->add_flag("--json", json, "print JSON for scripts");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -70,6 +75,7 @@ int main(int argc, char** argv) {
     if (coordinator->parsed())
       return coordinator_command(job_file, overrides, listen, token_file, tls_cert, tls_key);
     if (status->parsed()) return status_command(connection, json);
+    if (audit->parsed()) return audit_command(run_dir, json);
     return worker_command(job_file, overrides, connection, start);
   } catch (const InputError& e) {
     spdlog::error("{}", e.what());

@@ -109,6 +109,8 @@ void CoordinatorServer::start() {
   });
   spdlog::info("coordinator: c10d TCPStore for the job on port {}", job_.store_port);
 
+  if (!options_.run_dir.empty())
+    job_.audit_log = RunFolder(options_.run_dir, job_.run_id).file("audit.jsonl");
   state_ = std::make_unique<JobState>(job_);
   service_ = std::make_unique<Service>(*state_, options_.token);
   std::shared_ptr<grpc::ServerCredentials> credentials;

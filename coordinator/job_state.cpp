@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <filesystem>
 
 #include <spdlog/spdlog.h>
 
@@ -193,6 +194,8 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
   w->loss = request.loss();
   w->samples_per_s = request.samples_per_s();
   w->phase = request.phase();
+  w->audit = request.audit();
+  record_audits_locked(request);
   if (state_ == State::kFailed) {
     reply->set_command(v1::HeartbeatReply::ABORT);
     reply->set_reason(failure_);
@@ -229,6 +232,26 @@ grpc::Status JobState::report(const v1::ReportRequest& request) {
   }
   changed_.notify_all();
   return grpc::Status::OK;
+}
+
+void JobState::record_audits_locked(const v1::HeartbeatRequest& request) {
+  for (const auto& text : request.audits_json()) {
+    auto audit = nlohmann::json::parse(text, nullptr, false);
+    if (audit.is_discarded() || !audit.contains("step")) continue;
+    const int64_t step = audit["step"];
+    if (!audited_steps_.insert(step).second) continue;  // every rank sends the same verdict
+    last_audit_ = "step " + std::to_string(step) + ": " + audit.value("verdict", "?");
+    if (!audit.value("agreed", true))
+      spdlog::error("coordinator: audit at step {} found drift: {}", step, audit.value("verdict", "?"));
+    if (options_.audit_log.empty()) continue;
+    if (!audit_log_) {
+      std::error_code ignored;
+      std::filesystem::create_directories(std::filesystem::path(options_.audit_log).parent_path(), ignored);
+      audit_log_ = std::make_unique<EventWriter>(options_.audit_log);
+    }
+    audit["reported_by_rank"] = request.rank();
+    audit_log_->write(audit);
+  }
 }
 
 void JobState::fail_locked(const std::string& reason) {
@@ -303,6 +326,7 @@ void JobState::status(v1::StatusReply* reply) const {
   reply->set_generation(generation_);
   reply->set_failure(failure_);
   reply->set_joined(int(workers_.size()));
+  reply->set_last_audit(last_audit_);
   std::vector<const Worker*> by_rank;
   for (const auto& w : workers_) by_rank.push_back(&w);
   std::sort(by_rank.begin(), by_rank.end(),
@@ -318,6 +342,7 @@ void JobState::status(v1::StatusReply* reply) const {
     row->set_heartbeat_age_s(w->heartbeat_seen ? seconds_between(w->last_heartbeat, now) : -1.0);
     row->set_state(w->state);
     row->set_phase(w->phase);
+    row->set_audit(w->audit);
   }
 }
 

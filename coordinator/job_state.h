@@ -16,7 +16,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/proto/lockstep.pb.h"
+#include "runtime/run_folder.h"
 
 namespace lockstep {
 
@@ -38,6 +41,7 @@ struct JobStateOptions {
   std::chrono::milliseconds rendezvous_timeout{120000};
   std::chrono::milliseconds heartbeat_timeout{10000};
   std::chrono::milliseconds heartbeat_period{1000};  // what workers were told to keep
+  std::string audit_log;  // audit.jsonl: one line per audited step ("" = keep none)
 };
 
 class JobState {
@@ -94,6 +98,7 @@ class JobState {
     double loss = 0;
     double samples_per_s = 0;
     std::string phase;
+    std::string audit;
     bool told_to_abort = false;
     std::string error;
     nlohmann::json metrics;
@@ -101,6 +106,7 @@ class JobState {
 
   void assign_ranks_locked();
   void fail_locked(const std::string& reason);
+  void record_audits_locked(const v1::HeartbeatRequest& request);
   std::string who_joined_locked() const;
   Worker* find_locked(const std::string& run_id, int rank, int64_t generation, grpc::Status* error);
   static const char* state_name(State state);
@@ -113,6 +119,9 @@ class JobState {
   std::vector<Worker> workers_;         // guarded by mutex_; index = join order
   std::string failure_;                 // guarded by mutex_
   int64_t generation_ = 0;              // guarded by mutex_
+  std::set<int64_t> audited_steps_;     // guarded by mutex_
+  std::string last_audit_;              // guarded by mutex_
+  std::unique_ptr<EventWriter> audit_log_;  // guarded by mutex_; opened at the first audit
 };
 
 }  // namespace lockstep

@@ -81,6 +81,12 @@ const std::vector<KeySpec>& schema() {
        86400, true},
       {"comm.rendezvous_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.rendezvous_timeout_s), 0,
        86400, true},
+      {"audit.every", Kind::kInt, LOCKSTEP_FIELD(audit.every), 0, 1e12},
+      {"audit.policy", Kind::kString, LOCKSTEP_FIELD(audit.policy), -kInf, kInf, false,
+       {"warn", "fail", "resync"}},
+      {"audit.buffers", Kind::kString, LOCKSTEP_FIELD(audit.buffers), -kInf, kInf, false,
+       {"check", "sync", "ignore"}},
+      {"fault.inject", Kind::kString, LOCKSTEP_FIELD(fault.inject), -kInf, kInf, false, {}, true},
       {"fault.heartbeat_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_s), 0, 3600, true},
       {"fault.heartbeat_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_timeout_s), 0,
        86400, true},
@@ -315,9 +321,49 @@ void validate(const JobConfig& config) {
   };
   rank_key("test.hold_rank", config.test.hold_rank);
   rank_key("test.fail_rank", config.test.fail_rank);
+  for (const auto& fault : parse_injected_faults(config.fault.inject))
+    rank_key("fault.inject", fault.rank);
   if (config.data.name != "synthetic" && config.data.missing_targets > 0)
     throw InputError("key 'data.missing_targets' applies to data.name = synthetic only (now " +
                      config.data.name + ")");
+}
+
+std::vector<InjectedFault> parse_injected_faults(const std::string& text) {
+  std::vector<InjectedFault> faults;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ';')) {
+    if (item.find_first_not_of(' ') == std::string::npos) continue;
+    std::vector<std::string> parts;
+    std::stringstream fields(item);
+    for (std::string field; std::getline(fields, field, ':');) parts.push_back(field);
+    auto bad = [&](const std::string& why) {
+      return InputError("fault.inject item '" + item + "': " + why +
+                        " (formats: perturb:TENSOR:RANK:STEP:AMOUNT, double_scale:TENSOR:RANK:STEP)");
+    };
+    InjectedFault fault;
+    fault.kind = parts.empty() ? "" : parts[0];
+    const size_t expected = fault.kind == "perturb" ? 5 : fault.kind == "double_scale" ? 4 : 0;
+    if (expected == 0) throw bad("unknown kind '" + fault.kind + "'");
+    if (parts.size() != expected) throw bad("expected " + std::to_string(expected) + " fields");
+    fault.tensor = parts[1];
+    try {
+      size_t used = 0;
+      fault.rank = std::stoll(parts[2], &used);
+      if (used != parts[2].size() || fault.rank < 0) throw bad("RANK must be an integer >= 0");
+      fault.step = std::stoll(parts[3], &used);
+      if (used != parts[3].size() || fault.step < 1) throw bad("STEP must be an integer >= 1");
+      if (expected == 5) {
+        fault.amount = std::stod(parts[4], &used);
+        if (used != parts[4].size() || !std::isfinite(fault.amount)) throw bad("AMOUNT must be a number");
+      }
+    } catch (const std::logic_error&) {
+      throw bad("RANK and STEP must be integers, AMOUNT a number");
+    }
+    if (fault.tensor.empty()) throw bad("TENSOR is empty");
+    faults.push_back(fault);
+  }
+  return faults;
 }
 
 JobConfig load_job_config(const std::string& path, const std::vector<std::string>& overrides) {

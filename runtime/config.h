@@ -63,10 +63,33 @@ struct CommSection {
   double rendezvous_timeout_s = 120.0; // reaching the store, connecting the groups
 };
 
+struct AuditSection {
+  int64_t every = 10;             // steps between audits (also the first and last step); 0 = off
+  std::string policy = "warn";    // on a mismatch: warn | fail | resync
+  std::string buffers = "check";  // buffers: check (like parameters) | sync (from rank 0) | ignore
+};
+
 struct FaultSection {
   double heartbeat_s = 1.0;           // worker -> coordinator heartbeat period
   double heartbeat_timeout_s = 10.0;  // silence after which either side gives up on the other
+  // Injected faults, to see the alarms work; "" = none. Items separated by ';':
+  //   perturb:TENSOR:RANK:STEP:AMOUNT   add AMOUNT to element 0 of TENSOR on RANK after STEP
+  //   double_scale:TENSOR:RANK:STEP     at STEP, a per-tensor gradient scale (x0.5) on every
+  //                                     rank, where on RANK two entries alias TENSOR's gradient
+  std::string inject;
 };
+
+// One parsed item of fault.inject.
+struct InjectedFault {
+  std::string kind;    // perturb | double_scale
+  std::string tensor;  // a parameter name, e.g. fc2.bias
+  int64_t rank = 0;
+  int64_t step = 0;    // 1-based optimizer step
+  double amount = 0;   // perturb only
+};
+
+// Parses fault.inject. Throws InputError naming the item and the format.
+std::vector<InjectedFault> parse_injected_faults(const std::string& text);
 
 // Switches that exist so tests can make the checks fail. Never needed in a
 // real job; each one that is set is logged as a warning.
@@ -87,6 +110,7 @@ struct JobConfig {
   TrainSection train;
   EvalSection eval;
   CommSection comm;
+  AuditSection audit;
   FaultSection fault;
   TestSection test;
   std::string device = "auto";     // auto | cpu | gpu

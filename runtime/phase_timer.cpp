@@ -13,6 +13,7 @@ const char* phase_name(Phase phase) {
     case Phase::kForwardBackward: return "forward_backward";
     case Phase::kCommWait: return "comm_wait";
     case Phase::kOptimizer: return "optimizer";
+    case Phase::kAudit: return "audit";
     case Phase::kEval: return "eval";
     case Phase::kCheckpoint: return "checkpoint";
   }

@@ -9,8 +9,10 @@
 
 namespace lockstep {
 
-enum class Phase { kStartup, kData, kForwardBackward, kCommWait, kOptimizer, kEval, kCheckpoint };
-constexpr int kPhaseCount = 7;
+enum class Phase {
+  kStartup, kData, kForwardBackward, kCommWait, kOptimizer, kAudit, kEval, kCheckpoint
+};
+constexpr int kPhaseCount = 8;
 const char* phase_name(Phase phase);
 
 class PhaseTimer {

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace lockstep {
 
 class RunObserver {
@@ -17,6 +19,8 @@ class RunObserver {
   virtual void on_step(int64_t step, double loss, double samples_per_s) {
     (void)step, (void)loss, (void)samples_per_s;
   }
+  // After every audit, with its summary (AuditResult::to_json()).
+  virtual void on_audit(const nlohmann::json& summary) { (void)summary; }
   // True once the run should end cleanly after the current step.
   virtual bool stop_requested() { return false; }
 };

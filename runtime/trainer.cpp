@@ -34,6 +34,42 @@ void maybe_fail(const JobConfig& config, int rank, int64_t step, at::Tensor& los
   loss_sum = loss_sum * std::numeric_limits<float>::quiet_NaN();
 }
 
+at::Tensor& named_tensor(std::vector<std::pair<std::string, at::Tensor>>& named,
+                         const std::string& name) {
+  for (auto& [n, t] : named)
+    if (n == name) return t;
+  throw InputError("fault.inject names tensor '" + name + "', which the model does not have");
+}
+
+// fault.inject perturb: after the optimizer step, on one rank only.
+void apply_perturbation(const std::vector<InjectedFault>& faults, int rank, int64_t step,
+                        std::vector<std::pair<std::string, at::Tensor>>& named) {
+  for (const auto& f : faults) {
+    if (f.kind != "perturb" || f.rank != rank || f.step != step) continue;
+    torch::NoGradGuard no_grad;
+    named_tensor(named, f.tensor).view(-1)[0].add_(f.amount);
+    spdlog::warn("fault.inject: added {:g} to element 0 of {} on rank {} after step {}", f.amount,
+                 f.tensor, rank, step);
+  }
+}
+
+// fault.inject double_scale: a per-tensor gradient scale by 0.5 on every
+// rank, where on the faulty rank a second entry aliases the tensor's
+// gradient (shared storage), so its values are scaled twice there.
+void apply_double_scale(const std::vector<InjectedFault>& faults, int rank, int64_t step,
+                        std::vector<std::pair<std::string, at::Tensor>>& named) {
+  for (const auto& f : faults) {
+    if (f.kind != "double_scale" || f.step != step) continue;
+    at::Tensor grad = named_tensor(named, f.tensor).mutable_grad();
+    std::vector<at::Tensor> entries{grad};
+    if (f.rank == rank) entries.push_back(grad.view_as(grad));  // same storage
+    for (auto& g : entries) g.mul_(0.5);
+    if (f.rank == rank)
+      spdlog::warn("fault.inject: the gradient of {} shares storage with a second entry on rank {} "
+                   "and was scaled twice at step {}", f.tensor, rank, step);
+  }
+}
+
 }  // namespace
 
 nlohmann::json TrainingResult::to_json() const {
@@ -46,6 +82,9 @@ nlohmann::json TrainingResult::to_json() const {
           {"masked_targets", masked_targets},
           {"skipped_steps", skipped_steps},
           {"clipped_steps", clipped_steps},
+          {"audits", audits},
+          {"audits_disagreeing", audits_disagreeing},
+          {"last_audit", last_audit},
           {"shared_gradient_storage", shared_gradients}};
 }
 
@@ -85,6 +124,7 @@ TrainingResult train(TrainerParts parts) {
                  steps, batches.batches_per_epoch(), config.data.batch_size,
                  config.train.accum_steps, parts.world_size);
 
+  const std::vector<InjectedFault> faults = parse_injected_faults(config.fault.inject);
   ProgressPrinter progress(steps, parts.terminal, config.job.log_every);
   PhaseTimer& timer = parts.timer;
   model.train();
@@ -149,7 +189,17 @@ TrainingResult train(TrainerParts parts) {
                        std::to_string(step) + " on rank " + std::to_string(parts.rank) +
                        " (after the all-reduce: every rank sees them)");
       result.clipped_steps += clip.clipped;
+      apply_double_scale(faults, parts.rank, step + 1, named);
       optimizer->step();
+      apply_perturbation(faults, parts.rank, step + 1, named);
+    }
+    if (parts.auditor && parts.auditor->due(step + 1, steps)) {
+      auto scope = timer.measure(Phase::kAudit);
+      AuditResult audit = parts.auditor->run(step + 1, *optimizer);
+      ++result.audits;
+      result.audits_disagreeing += !audit.agreed;
+      result.last_audit = audit.verdict();
+      if (parts.observer) parts.observer->on_audit(audit.to_json());
     }
 
     const double step_seconds =

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/audit.h"
 #include "runtime/batches.h"
 #include "runtime/config.h"
 #include "runtime/control_group.h"
@@ -35,6 +36,7 @@ struct TrainerParts {
   EventWriter& events;
   bool terminal = false;  // rank 0 redraws a progress line in place
   RunObserver* observer = nullptr;  // may be null
+  Auditor* auditor = nullptr;       // may be null: no audits
 };
 
 struct TrainingResult {
@@ -45,6 +47,9 @@ struct TrainingResult {
   int64_t masked_targets = 0;    // this rank's samples without a target
   int64_t skipped_steps = 0;     // steps whose global batch had no valid target
   int64_t clipped_steps = 0;
+  int64_t audits = 0;
+  int64_t audits_disagreeing = 0;
+  std::string last_audit;        // verdict of the last audit
   std::vector<std::vector<std::string>> shared_gradients;  // from the clip check
   nlohmann::json to_json() const;
 };

@@ -21,10 +21,18 @@ HeartbeatLoop::~HeartbeatLoop() { stop(); }
 void HeartbeatLoop::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;
     stopping_ = true;
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // One last heartbeat carries the audits of the final steps.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (unsent_audits_.empty()) return;
+  v1::HeartbeatRequest request = latest_;
+  for (auto& audit : unsent_audits_) request.add_audits_json(audit);
+  v1::HeartbeatReply reply;
+  if (client_.heartbeat(request, &reply, std::chrono::milliseconds(5000)).ok()) unsent_audits_.clear();
 }
 
 void HeartbeatLoop::on_phase(const std::string& phase) {
@@ -37,6 +45,13 @@ void HeartbeatLoop::on_step(int64_t step, double loss, double samples_per_s) {
   latest_.set_step(step);
   latest_.set_loss(loss);
   latest_.set_samples_per_s(samples_per_s);
+}
+
+void HeartbeatLoop::on_audit(const nlohmann::json& summary) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  unsent_audits_.push_back(summary.dump());
+  latest_.set_audit("step " + std::to_string(summary.value("step", int64_t(0))) + ": " +
+                    summary.value("verdict", std::string("?")));
 }
 
 void HeartbeatLoop::leave(const std::string& why) {
@@ -53,12 +68,18 @@ void HeartbeatLoop::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     v1::HeartbeatRequest request = latest_;
+    for (auto& audit : unsent_audits_) request.add_audits_json(audit);
+    const size_t sending = unsent_audits_.size();
     lock.unlock();
     v1::HeartbeatReply reply;
     auto deadline = std::min(options_.timeout, std::chrono::milliseconds(5000));
     grpc::Status status = client_.heartbeat(request, &reply, deadline);
     if (status.ok()) {
       last_answer = Clock::now();
+      {
+        std::lock_guard<std::mutex> sent(mutex_);
+        unsent_audits_.erase(unsent_audits_.begin(), unsent_audits_.begin() + long(sending));
+      }
       if (reply.command() == v1::HeartbeatReply::ABORT)
         leave("rank " + std::to_string(options_.rank) + ": the coordinator says abort: " +
               reply.reason() + "; leaving the collective now");

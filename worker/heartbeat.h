@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/run_observer.h"
 #include "worker/coordinator_client.h"
@@ -33,6 +34,7 @@ class HeartbeatLoop : public RunObserver {
 
   void on_phase(const std::string& phase) override;
   void on_step(int64_t step, double loss, double samples_per_s) override;
+  void on_audit(const nlohmann::json& summary) override;
   bool stop_requested() override { return stop_requested_; }
 
   // Stops sending (before the final Report).
@@ -48,6 +50,7 @@ class HeartbeatLoop : public RunObserver {
   std::condition_variable wake_;
   bool stopping_ = false;        // guarded by mutex_
   v1::HeartbeatRequest latest_;  // guarded by mutex_
+  std::vector<std::string> unsent_audits_;  // guarded by mutex_
   std::atomic<bool> stop_requested_{false};
   std::thread thread_;
 };

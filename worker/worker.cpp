@@ -46,6 +46,22 @@ void warn_test_switches(const JobConfig& config, DecisionLog& log) {
                    std::to_string(config.test.fail_step), /*warn=*/true);
 }
 
+// fault.inject must name tensors the model has; checked before anything starts.
+void check_injected_faults(const JobConfig& config, const ModelRegistry& registry) {
+  auto model = registry.build(config.model);  // throws InputError for an unknown name
+  for (const auto& fault : parse_injected_faults(config.fault.inject)) {
+    std::string names;
+    bool found = false;
+    for (const auto& item : model->named_parameters()) {
+      found |= item.key() == fault.tensor;
+      names += (names.empty() ? "" : ", ") + item.key();
+    }
+    if (!found)
+      throw InputError("fault.inject names tensor '" + fault.tensor + "', which model " +
+                       config.model.name + " does not have (it has: " + names + ")");
+  }
+}
+
 // Everything rank 0 writes into manifest.json; filled in as the run goes.
 struct Manifest {
   nlohmann::json body;
@@ -64,7 +80,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   warn_test_switches(config, decisions);
 
   // Input checks first: nothing is created until the input is known good.
-  if (!registry.contains(config.model.name)) registry.build(config.model);  // throws InputError
+  check_injected_faults(config, registry);  // also: an unknown model.name is an InputError
   TrainTestData data = load_data(config.data, uint64_t(config.job.seed));
   spdlog::info("data: {}", data.description);
 
@@ -165,10 +181,23 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
       manifest.write();
     }
 
+    EventWriter audit_evidence(folder.file("audit-rank" + std::to_string(rank) + ".jsonl"));
+    Auditor auditor(config.audit, *control, *model, audit_evidence);
+    decisions.record("audit",
+                     config.audit.every > 0
+                         ? "every " + std::to_string(config.audit.every) + " steps, policy " +
+                               config.audit.policy + ", buffers " + config.audit.buffers
+                         : "off",
+                     config.audit.every > 0
+                         ? "digests of every parameter all-gathered on the control group, also "
+                           "at the first and last step"
+                         : "audit.every = 0: ranks that drift apart will go unnoticed",
+                     config.audit.every == 0);
     if (options.observer) options.observer->on_phase("train");
     TrainingResult result = train(TrainerParts{config, rank, world, model, data, *data_group,
                                                decisions, timer, events,
-                                               options.terminal && rank == 0, options.observer});
+                                               options.terminal && rank == 0, options.observer,
+                                               config.audit.every > 0 ? &auditor : nullptr});
     if (options.observer) options.observer->on_phase("done");
 
     const std::string final_digest = combined_hex(module_digests(*model, true));

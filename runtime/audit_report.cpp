@@ -1,0 +1,169 @@
+#include "runtime/audit_report.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+namespace lockstep {
+namespace {
+
+using nlohmann::json;
+
+// One rank's audits, by step.
+struct RankEvidence {
+  std::map<int64_t, json> by_step;
+};
+
+AuditReport bad_evidence(const std::vector<std::string>& problems) {
+  AuditReport report;
+  report.exit_code = 2;
+  report.text = "cannot audit this run folder:\n";
+  for (const auto& p : problems) report.text += "  - " + p + "\n";
+  report.json = {{"verdict", "unreadable"}, {"problems", problems}};
+  return report;
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string out = "{";
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
+  return out + "}";
+}
+
+}  // namespace
+
+AuditReport audit_run_folder(const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> problems;
+  const std::string manifest_path = run_dir + "/manifest.json";
+  int world = 0;
+  {
+    std::ifstream in(manifest_path);
+    if (!in) return bad_evidence({manifest_path + ": missing (is " + run_dir + " a run folder?)"});
+    json manifest = json::parse(in, nullptr, false);
+    if (manifest.is_discarded() || !manifest.contains("world_size"))
+      return bad_evidence({manifest_path + ": truncated or not a lockstep manifest (no world_size)"});
+    world = manifest["world_size"].get<int>();
+  }
+
+  std::vector<RankEvidence> ranks(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const std::string path = run_dir + "/audit-rank" + std::to_string(r) + ".jsonl";
+    std::ifstream in(path);
+    if (!in) {
+      problems.push_back(path + ": missing");
+      continue;
+    }
+    std::string line;
+    int number = 0;
+    while (std::getline(in, line)) {
+      ++number;
+      if (line.empty()) continue;
+      json audit = json::parse(line, nullptr, false);
+      if (audit.is_discarded() || !audit.contains("step") || !audit.contains("tensors")) {
+        problems.push_back(path + ":" + std::to_string(number) + ": truncated or corrupt line");
+        break;
+      }
+      ranks[size_t(r)].by_step[audit["step"].get<int64_t>()] = audit;
+    }
+    if (ranks[size_t(r)].by_step.empty() && problems.empty())
+      problems.push_back(path + ": holds no audit");
+  }
+  if (!problems.empty()) return bad_evidence(problems);
+
+  std::set<int64_t> steps;
+  for (const auto& r : ranks)
+    for (const auto& [step, audit] : r.by_step) steps.insert(step);
+  for (int r = 0; r < world; ++r)
+    for (int64_t step : steps)
+      if (!ranks[size_t(r)].by_step.count(step))
+        problems.push_back("audit-rank" + std::to_string(r) + ".jsonl: no audit at step " +
+                           std::to_string(step) + ", which other ranks audited (inconsistent)");
+  if (!problems.empty()) return bad_evidence(problems);
+
+  AuditReport report;
+  json rows = json::array();
+  int64_t first_drift = -1, agreed_again = -1;
+  std::vector<std::string> first_tensors;
+  std::vector<std::vector<int>> first_groups;
+  bool drifted_now = false, streams_shared = false;
+  char line[512];
+  std::snprintf(line, sizeof line, "%8s  %-8s  %-8s  %s\n", "step", "verdict", "streams", "differing tensors (rank groups)");
+  report.text = line;
+  for (int64_t step : steps) {
+    const json& reference = ranks[0].by_step[step]["tensors"];
+    std::vector<std::string> differing;
+    std::string detail;
+    std::vector<std::vector<int>> groups_of_first;
+    for (const auto& [name, hash] : reference.items()) {
+      std::map<std::string, std::vector<int>> versions;
+      for (int r = 0; r < world; ++r) {
+        const json& tensors = ranks[size_t(r)].by_step[step]["tensors"];
+        if (!tensors.contains(name)) {
+          problems.push_back("audit-rank" + std::to_string(r) + ".jsonl: step " +
+                             std::to_string(step) + " lacks tensor " + name + " (inconsistent)");
+          continue;
+        }
+        versions[tensors[name].get<std::string>()].push_back(r);
+      }
+      if (versions.size() < 2) continue;
+      differing.push_back(name);
+      std::vector<std::vector<int>> groups;
+      for (const auto& [h, rs] : versions) groups.push_back(rs);
+      std::sort(groups.begin(), groups.end());
+      if (groups_of_first.empty()) groups_of_first = groups;
+      detail += (detail.empty() ? "" : ", ") + name + " (";
+      for (size_t g = 0; g < groups.size(); ++g) detail += (g ? " vs " : "") + ranks_text(groups[g]);
+      detail += ")";
+    }
+    std::set<std::string> rng;
+    for (int r = 0; r < world; ++r) rng.insert(ranks[size_t(r)].by_step[step].value("rng", std::string()));
+    const bool distinct = int(rng.size()) == world;
+    streams_shared |= !distinct;
+    const bool agreed = differing.empty();
+    if (!agreed && first_drift < 0) {
+      first_drift = step;
+      first_tensors = differing;
+      first_groups = groups_of_first;
+    }
+    if (agreed && drifted_now && agreed_again < 0) agreed_again = step;
+    drifted_now = !agreed;
+    std::snprintf(line, sizeof line, "%8lld  %-8s  %-8s  %s\n", static_cast<long long>(step),
+                  agreed ? "agree" : "DRIFT", distinct ? "distinct" : "EQUAL", detail.c_str());
+    report.text += line;
+    rows.push_back({{"step", step}, {"agreed", agreed}, {"streams_distinct", distinct},
+                    {"differing", differing}});
+  }
+  if (!problems.empty()) return bad_evidence(problems);
+
+  report.json = {{"run_dir", run_dir}, {"world_size", world}, {"audits", rows},
+                 {"streams_shared", streams_shared}};
+  if (first_drift < 0) {
+    report.exit_code = 0;
+    report.text += "verdict: all " + std::to_string(world) + " ranks agreed at every one of " +
+                   std::to_string(steps.size()) + " audited steps\n";
+    report.json["verdict"] = "agreed";
+  } else {
+    report.exit_code = 1;
+    std::string tensors;
+    for (const auto& t : first_tensors) tensors += (tensors.empty() ? "" : ", ") + t;
+    std::string groups;
+    for (size_t g = 0; g < first_groups.size(); ++g) groups += (g ? " vs " : "") + ranks_text(first_groups[g]);
+    report.text += "verdict: the ranks DRIFTED: first parted at step " + std::to_string(first_drift) +
+                   " in " + tensors + " (ranks " + groups + "); " +
+                   (agreed_again >= 0 ? "agreed again at step " + std::to_string(agreed_again)
+                                      : std::string("never agreed again")) + "\n";
+    report.json["verdict"] = "drifted";
+    report.json["first_drift_step"] = first_drift;
+    report.json["first_drift_tensors"] = first_tensors;
+    report.json["first_drift_groups"] = first_groups;
+    report.json["agreed_again_step"] = agreed_again >= 0 ? json(agreed_again) : json(nullptr);
+  }
+  if (streams_shared)
+    report.text += "warning: some ranks had equal random generator states at some audits "
+                   "(identical dropout masks)\n";
+  return report;
+}
+
+}  // namespace lockstep
