@@ -110,50 +110,66 @@ bool Auditor::due(int64_t step, int64_t total_steps) const {
 }
 
 AuditResult Auditor::run(int64_t step, torch::optim::Optimizer& optimizer) {
+  start(step);
+  return finish(optimizer);
+}
+
+void Auditor::start(int64_t step) {
   torch::NoGradGuard no_grad;
+  Pending p;
+  p.step = step;
+  std::vector<int64_t> local;
+  for (const auto& t : audited_tensors(model_, options_.buffers == "check")) {
+    p.names.push_back(t.name);
+    p.buffers.push_back(t.buffer);
+    p.digests.push_back(digest(t.tensor));  // in place: the hash reads the tensor's own memory
+    local.push_back(int64_t(p.digests.back().high));
+    local.push_back(int64_t(p.digests.back().low));
+  }
+  p.rng = generator_state_hash();
+  local.push_back(int64_t(p.rng));
+  p.local = torch::tensor(local, torch::kInt64);
+  p.work = control_.collectives().allgather_async(p.local, p.gathered);
+  pending_ = std::move(p);
+}
+
+AuditResult Auditor::finish(torch::optim::Optimizer& optimizer) {
+  torch::NoGradGuard no_grad;
+  Pending p = std::move(*pending_);
+  pending_.reset();
+  const int64_t step = p.step;
   AuditResult result;
   result.step = step;
   const int rank = control_.rank(), world = control_.size();
-  auto tensors = audited_tensors(model_, options_.buffers == "check");
-
-  // Digests in place, plus the generator state: 16 bytes a tensor, 8 more.
-  std::vector<TensorDigest> digests;
-  std::vector<int64_t> local;
-  for (const auto& t : tensors) {
-    digests.push_back(digest(t.tensor));
-    local.push_back(int64_t(digests.back().high));
-    local.push_back(int64_t(digests.back().low));
-  }
-  const uint64_t rng = generator_state_hash();
-  local.push_back(int64_t(rng));
-  std::vector<at::Tensor> gathered;
   try {
-    gathered = control_.collectives().allgather(torch::tensor(local, torch::kInt64));
+    p.work->wait();
   } catch (const std::exception& e) {
     throw RunError("audit at step " + std::to_string(step) + ": the all-gather on the control "
                    "group failed on rank " + std::to_string(rank) + " (" + e.what() + ")");
   }
-  auto value = [&](int r, size_t i) { return gathered[size_t(r)].data_ptr<int64_t>()[i]; };
+  auto value = [&](int r, size_t i) { return p.gathered[size_t(r)].data_ptr<int64_t>()[i]; };
+  const size_t count = p.names.size();
 
-  for (size_t t = 0; t < tensors.size(); ++t) {
+  for (size_t t = 0; t < count; ++t) {
     std::map<std::pair<int64_t, int64_t>, std::vector<int>> versions;
     for (int r = 0; r < world; ++r) versions[{value(r, 2 * t), value(r, 2 * t + 1)}].push_back(r);
     if (versions.size() == 1) continue;
     AuditFinding finding;
-    finding.tensor = tensors[t].name;
-    finding.buffer = tensors[t].buffer;
+    finding.tensor = p.names[t];
+    finding.buffer = p.buffers[t];
     for (const auto& [hash, ranks] : versions)
       if (ranks.front() == 0) finding.groups.insert(finding.groups.begin(), ranks);
       else finding.groups.push_back(ranks);
     result.findings.push_back(finding);
   }
   std::map<int64_t, std::vector<int>> streams;
-  for (int r = 0; r < world; ++r) streams[value(r, 2 * tensors.size())].push_back(r);
+  for (int r = 0; r < world; ++r) streams[value(r, 2 * count)].push_back(r);
   result.streams_distinct = int(streams.size()) == world;
   result.agreed = result.findings.empty();
 
   // Each rank's max |difference| from rank 0, for the differing tensors only.
   if (!result.agreed) {
+    auto tensors = audited_tensors(model_, options_.buffers == "check");
     std::vector<int64_t> diffs;
     for (const auto& f : result.findings) {
       const at::Tensor& mine =
@@ -171,10 +187,10 @@ AuditResult Auditor::run(int64_t step, torch::optim::Optimizer& optimizer) {
   }
 
   nlohmann::json evidence = {{"event", "audit"}, {"step", step}, {"rank", rank},
-                             {"rng", TensorDigest{0, rng, 0}.hex().substr(16)}};
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    evidence["tensors"][tensors[t].name] = digests[t].hex();
-    evidence["sums"][tensors[t].name] = digests[t].sum;
+                             {"rng", TensorDigest{0, p.rng, 0}.hex().substr(16)}};
+  for (size_t t = 0; t < count; ++t) {
+    evidence["tensors"][p.names[t]] = p.digests[t].hex();
+    evidence["sums"][p.names[t]] = p.digests[t].sum;
   }
   evidence["agreed"] = result.agreed;
   evidence["streams_distinct"] = result.streams_distinct;

@@ -9,6 +9,7 @@
 // applies: warn, fail (RunError on every rank), or resync (rank 0's
 // parameters, buffers and optimizer state broadcast to all).
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 
 #include "runtime/config.h"
 #include "runtime/control_group.h"
+#include "runtime/digest.h"
 #include "runtime/run_folder.h"
 
 namespace torch::optim {
@@ -53,12 +55,34 @@ class Auditor {
   // True at the first step, every `every` steps and at the last step.
   bool due(int64_t step, int64_t total_steps) const;
 
-  // Audits after optimizer step `step`. Every rank must call it at the same
-  // step. Throws RunError under audit.policy = fail when ranks disagree.
+  // Audits after optimizer step `step`: start() now, finish() later. Every
+  // rank must make the same calls at the same steps.
   AuditResult run(int64_t step, torch::optim::Optimizer& optimizer);
+
+  // Digests the state after optimizer step `step` and starts their
+  // all-gather, so that it can travel while the next step computes. The
+  // state must not change before finish(): call finish() before the next
+  // optimizer step.
+  void start(int64_t step);
+  bool started() const { return pending_.has_value(); }
+  // Waits for the all-gather, compares, logs, writes the evidence and
+  // applies audit.policy. Throws RunError under policy fail.
+  AuditResult finish(torch::optim::Optimizer& optimizer);
 
  private:
   void resync(torch::optim::Optimizer& optimizer);
+
+  struct Pending {
+    int64_t step = 0;
+    std::vector<std::string> names;
+    std::vector<bool> buffers;
+    std::vector<TensorDigest> digests;
+    uint64_t rng = 0;
+    at::Tensor local;                   // keeps the gathered input alive
+    std::vector<at::Tensor> gathered;   // one per rank
+    std::optional<PendingCollective> work;
+  };
+  std::optional<Pending> pending_;
 
   AuditSection options_;
   ControlGroup& control_;

@@ -65,6 +65,17 @@ PendingCollective CollectiveGroup::allreduce_sum(std::vector<at::Tensor>& tensor
   return PendingCollective(std::move(impl));
 }
 
+PendingCollective CollectiveGroup::allgather_async(const at::Tensor& input,
+                                                   std::vector<at::Tensor>& outputs) {
+  std::vector<at::Tensor> inputs{input};
+  std::vector<std::vector<at::Tensor>> slots(1);
+  for (int r = 0; r < size(); ++r) slots[0].push_back(at::empty_like(input));
+  outputs = slots[0];  // the same tensors: filled in place
+  auto impl = std::make_shared<PendingCollective::Impl>();
+  impl->work = impl_->group->allgather(slots, inputs);
+  return PendingCollective(std::move(impl));
+}
+
 std::vector<at::Tensor> CollectiveGroup::allgather(const at::Tensor& input) {
   std::vector<at::Tensor> inputs{input};
   std::vector<std::vector<at::Tensor>> outputs(1);

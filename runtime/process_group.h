@@ -57,6 +57,8 @@ class CollectiveGroup {
   PendingCollective allreduce_sum(std::vector<at::Tensor>& tensors);
   // Gathers `input` (same shape everywhere) from every rank; blocking.
   std::vector<at::Tensor> allgather(const at::Tensor& input);
+  // The same, started now: `outputs` (one per rank) are valid after wait().
+  PendingCollective allgather_async(const at::Tensor& input, std::vector<at::Tensor>& outputs);
   // Overwrites `tensor` with rank `root`'s; blocking.
   void broadcast(at::Tensor& tensor, int root);
 

@@ -132,6 +132,27 @@ TrainingResult train(TrainerParts parts) {
   int64_t window_steps = 0;
   bool reported_sharing = false;
 
+  // Audits: digests after optimizer step s, their all-gather overlapping
+  // step s + 1, compared before step s + 1 changes anything (the last one
+  // at once).
+  auto finish_audit = [&] {
+    if (!parts.auditor || !parts.auditor->started()) return;
+    auto scope = timer.measure(Phase::kAudit);
+    AuditResult audit = parts.auditor->finish(*optimizer);
+    ++result.audits;
+    result.audits_disagreeing += !audit.agreed;
+    result.last_audit = audit.verdict();
+    if (parts.observer) parts.observer->on_audit(audit.to_json());
+  };
+  auto audit_after = [&](int64_t done) {
+    if (!parts.auditor || !parts.auditor->due(done, steps)) return;
+    {
+      auto scope = timer.measure(Phase::kAudit);
+      parts.auditor->start(done);
+    }
+    if (done == steps) finish_audit();
+  };
+
   for (int64_t step = 0; step < steps; ++step) {
     const auto step_start = PhaseTimer::Clock::now();
     const double lr = optim::scheduled_lr(schedule, step);
@@ -165,8 +186,10 @@ TrainingResult train(TrainerParts parts) {
       auto scope = timer.measure(Phase::kCommWait);
       global_valid = reducer.allreduce_mean(local_valid);
     }
+    finish_audit();  // the previous audit's all-gather travelled during this step
     result.steps = step + 1;
     if (global_valid == 0) {
+      audit_after(step + 1);
       ++result.skipped_steps;
       spdlog::warn("step {}: no valid target in the global batch on any rank; no update", step);
       parts.events.write({{"event", "skipped_step"}, {"step", step}, {"reason", "no valid target"}});
@@ -193,14 +216,7 @@ TrainingResult train(TrainerParts parts) {
       optimizer->step();
       apply_perturbation(faults, parts.rank, step + 1, named);
     }
-    if (parts.auditor && parts.auditor->due(step + 1, steps)) {
-      auto scope = timer.measure(Phase::kAudit);
-      AuditResult audit = parts.auditor->run(step + 1, *optimizer);
-      ++result.audits;
-      result.audits_disagreeing += !audit.agreed;
-      result.last_audit = audit.verdict();
-      if (parts.observer) parts.observer->on_audit(audit.to_json());
-    }
+    audit_after(step + 1);
 
     const double step_seconds =
         std::chrono::duration<double>(PhaseTimer::Clock::now() - step_start).count();
