@@ -9,9 +9,40 @@
 namespace lockstep {
 
 BatchStream::BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed,
-                         int64_t batch_size)
-    : data_(data), sampler_(data.size(), rank, world_size, seed), batch_size_(batch_size) {
+                         int64_t batch_size, int prefetch)
+    : data_(data), sampler_(data.size(), rank, world_size, seed), batch_size_(batch_size),
+      prefetch_(prefetch) {
   start_epoch(0);
+  if (prefetch_ > 0) producer_ = std::thread([this] { produce(); });
+}
+
+BatchStream::~BatchStream() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (producer_.joinable()) producer_.join();
+}
+
+void BatchStream::produce() {
+  try {
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return stopping_ || int(ready_.size()) < prefetch_; });
+        if (stopping_) return;
+      }
+      Batch batch = assemble();
+      std::lock_guard<std::mutex> lock(mutex_);
+      ready_.push_back(std::move(batch));
+      changed_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_ = std::current_exception();
+    changed_.notify_all();
+  }
 }
 
 void BatchStream::start_epoch(int64_t epoch) {
@@ -25,6 +56,17 @@ int64_t BatchStream::batches_per_epoch() const {
 }
 
 Batch BatchStream::next() {
+  if (prefetch_ <= 0) return assemble();
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !ready_.empty() || failure_; });
+  if (ready_.empty()) std::rethrow_exception(failure_);
+  Batch batch = std::move(ready_.front());
+  ready_.pop_front();
+  changed_.notify_all();
+  return batch;
+}
+
+Batch BatchStream::assemble() {
   if (position_ >= order_.numel()) start_epoch(epoch_ + 1);
   int64_t count = std::min(batch_size_, order_.numel() - position_);
   at::Tensor rows = order_.narrow(0, position_, count);

@@ -34,6 +34,7 @@ struct DataSection {
   int64_t batch_size = 64;               // per rank, per microbatch
   int64_t synthetic_samples = 4096;      // training samples of the synthetic set
   double missing_targets = 0.0;          // synthetic: share of labels set to -1
+  int64_t prefetch = 4;                  // batches assembled ahead by a background thread
 };
 
 struct OptimSection {
@@ -58,6 +59,7 @@ struct EvalSection {
 struct CommSection {
   std::string backend = "auto";        // auto | gloo | nccl (data group)
   double bucket_mb = 25.0;             // gradient bytes per all-reduce
+  bool overlap = true;                 // start a bucket's all-reduce during backward
   double barrier_timeout_s = 60.0;     // control group: barriers, checks
   double collective_timeout_s = 300.0; // data group: gradient all-reduce
   double rendezvous_timeout_s = 120.0; // reaching the store, connecting the groups

@@ -107,15 +107,18 @@ TrainingResult train(TrainerParts parts) {
   }
   ReducerOptions reducer_options;
   reducer_options.bucket_bytes = std::max<int64_t>(1, int64_t(config.comm.bucket_mb * (1 << 20)));
+  reducer_options.overlap = config.comm.overlap;
   GradientReducer reducer(named, parts.data_group, reducer_options);
   parts.decisions.record("gradient_buckets", std::to_string(reducer.bucket_count()),
                          "comm.bucket_mb = " + fmt::format("{:g}", config.comm.bucket_mb) +
-                             ", first bucket at most 1 MiB, reverse registration order");
+                             ", first bucket at most 1 MiB, reverse registration order, " +
+                             (config.comm.overlap ? "all-reduce started during backward"
+                                                  : "all-reduce after backward (comm.overlap = false)"));
 
   auto optimizer = optim::make_optimizer(
       params, {config.optim.name, config.optim.lr, config.optim.momentum, config.optim.weight_decay});
   BatchStream batches(parts.data.train, parts.rank, parts.world_size, uint64_t(config.job.seed),
-                      config.data.batch_size);
+                      config.data.batch_size, int(config.data.prefetch));
   const int64_t steps = total_steps(config, batches.batches_per_epoch());
   optim::ScheduleSpec schedule{config.optim.lr, config.optim.warmup_steps, steps,
                                config.optim.schedule};
@@ -175,8 +178,9 @@ TrainingResult train(TrainerParts parts) {
                        std::to_string(step) + " on rank " + std::to_string(parts.rank) +
                        " (epoch " + std::to_string(batch.epoch) + ", microbatch " +
                        std::to_string(micro) + ")");
-      loss.sum.backward();
       local_valid += double(loss.valid);
+      reducer.begin_microbatch(micro, config.train.accum_steps, local_valid);
+      loss.sum.backward();
       local_loss_sum += value;
       result.masked_targets += loss.masked;
     }
@@ -184,7 +188,7 @@ TrainingResult train(TrainerParts parts) {
     double global_valid = 0;
     {
       auto scope = timer.measure(Phase::kCommWait);
-      global_valid = reducer.allreduce_mean(local_valid);
+      global_valid = reducer.finish();
     }
     finish_audit();  // the previous audit's all-gather travelled during this step
     result.steps = step + 1;

@@ -1,5 +1,6 @@
 #include "runtime/reducer.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -40,6 +41,58 @@ TEST(GradientReducer, MeanOverTheGlobalCountInSeveralBuckets) {
       EXPECT_NEAR(results[r][size_t(i)].min().item<double>(), expected, 1e-6) << "p" << i;
     }
   }
+}
+
+}  // namespace
+}  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+// With overlap, buckets start during backward (hooks), in index order, and
+// the result equals the plain path: identical bits on every rank.
+TEST(GradientReducer, OverlapStartsBucketsDuringBackwardAndMatchesThePlainPath) {
+  std::vector<std::vector<at::Tensor>> overlapped(2), plain(2);
+  std::vector<int64_t> early(2);
+  testing::run_ranks(2, [&](int rank, StorePtr store) {
+    auto group = CollectiveGroup::gloo(prefixed("data/", store), rank, 2, std::chrono::seconds(30),
+                                       "127.0.0.1");
+    for (bool overlap : {true, false}) {
+      // Threads share LibTorch's default generator: each rank uses its own.
+      auto init = at::make_generator<at::CPUGeneratorImpl>(3);
+      auto data = at::make_generator<at::CPUGeneratorImpl>(10 + rank);  // each rank its own data
+      torch::nn::Sequential net(torch::nn::Linear(32, 64), torch::nn::ReLU(),
+                                torch::nn::Linear(64, 64), torch::nn::ReLU(),
+                                torch::nn::Linear(64, 4));
+      std::vector<std::pair<std::string, at::Tensor>> params;
+      for (const auto& item : net->named_parameters()) {
+        torch::NoGradGuard no_grad;
+        item.value().copy_(at::normal(0.0, 0.2, item.value().sizes(), init));
+        params.emplace_back(item.key(), item.value());
+      }
+      ReducerOptions options;
+      options.bucket_bytes = 64 * 64 * 4;  // several buckets
+      options.first_bucket_bytes = 4 * 64 * 4;
+      options.overlap = overlap;
+      GradientReducer reducer(params, *group, options);
+      for (int micro = 0; micro < 2; ++micro) {  // accumulation of two microbatches
+        reducer.begin_microbatch(micro, 2, 8.0 * (micro + 1));
+        net->forward(at::normal(0.0, 1.0, {8, 32}, data)).pow(2).sum().backward();
+      }
+      EXPECT_EQ(reducer.finish(), 32.0);
+      if (overlap) early[size_t(rank)] = reducer.launched_during_backward();
+      for (auto& [name, p] : params)
+        (overlap ? overlapped : plain)[size_t(rank)].push_back(p.grad().clone());
+    }
+  });
+  EXPECT_GT(early[0], 1);
+  for (int r = 0; r < 2; ++r)
+    for (size_t i = 0; i < overlapped[0].size(); ++i) {
+      EXPECT_TRUE(overlapped[r][i].equal(overlapped[0][i])) << "rank " << r << " tensor " << i;
+      EXPECT_TRUE(overlapped[r][i].allclose(plain[r][i], 1e-6, 1e-7))
+          << "tensor " << i << ": overlap sum " << overlapped[r][i].sum().item<double>()
+          << ", plain sum " << plain[r][i].sum().item<double>();
+    }
 }
 
 }  // namespace
