@@ -1,5 +1,7 @@
 #include "runtime/reducer.h"
 
+#include <cmath>
+
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
@@ -133,6 +135,15 @@ double GradientReducer::allreduce_mean(double local_count) {
   begin_microbatch(0, 1, local_count);
   hooked_step_ = false;
   return finish();
+}
+
+int64_t GradientReducer::nonfinite_count() const {
+  int64_t count = 0;
+  for (const auto& bucket : buckets_) {
+    if (std::isfinite(bucket.flat.sum().item<double>())) continue;  // the common case: one pass
+    count += (~bucket.flat.isfinite()).sum().item<int64_t>();
+  }
+  return count;
 }
 
 std::vector<std::vector<std::string>> GradientReducer::bucket_names() const {

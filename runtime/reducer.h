@@ -56,6 +56,10 @@ class GradientReducer {
   // in .grad (no hooks involved): the plain, non-overlapped path.
   double allreduce_mean(double local_count);
 
+  // Non-finite values among the gradients finish() produced (one pass over
+  // the flat buckets; an exact count only when there are some).
+  int64_t nonfinite_count() const;
+
   std::vector<std::vector<std::string>> bucket_names() const;
   int64_t bucket_count() const { return int64_t(buckets_.size()); }
   // Buckets whose all-reduce started during backward in the last step.

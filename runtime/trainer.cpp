@@ -1,5 +1,6 @@
 #include "runtime/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -85,6 +86,7 @@ nlohmann::json TrainingResult::to_json() const {
           {"audits", audits},
           {"audits_disagreeing", audits_disagreeing},
           {"last_audit", last_audit},
+          {"step_s_median", step_s_median},
           {"shared_gradient_storage", shared_gradients}};
 }
 
@@ -134,6 +136,7 @@ TrainingResult train(TrainerParts parts) {
   double window_loss = 0, window_samples = 0, window_seconds = 0;
   int64_t window_steps = 0;
   bool reported_sharing = false;
+  std::vector<double> step_times;  // after warm-up, for the median
 
   // Audits: digests after optimizer step s, their all-gather overlapping
   // step s + 1, compared before step s + 1 changes anything (the last one
@@ -202,7 +205,11 @@ TrainingResult train(TrainerParts parts) {
     result.samples += int64_t(global_valid);
     {
       auto scope = timer.measure(Phase::kOptimizer);
-      optim::ClipResult clip = optim::clip_grad_norm(named, config.optim.clip_norm);
+      // Clipping measures every gradient (and finds shared storage); without
+      // it, the reducer's flat buckets answer the non-finite question in one pass.
+      optim::ClipResult clip;
+      if (config.optim.clip_norm > 0) clip = optim::clip_grad_norm(named, config.optim.clip_norm);
+      else clip.nonfinite = reducer.nonfinite_count();
       if (!clip.shared_storage.empty() && !reported_sharing) {
         reported_sharing = true;
         result.shared_gradients = clip.shared_storage;
@@ -227,6 +234,7 @@ TrainingResult train(TrainerParts parts) {
     window_loss += local_valid > 0 ? local_loss_sum / local_valid : 0.0;
     window_samples += global_valid;
     window_seconds += step_seconds;
+    if (step >= 10) step_times.push_back(step_seconds);
     ++window_steps;
     const double samples_per_s = window_seconds > 0 ? window_samples / window_seconds : 0.0;
     const double mean_loss = window_loss / double(window_steps);
@@ -261,6 +269,10 @@ TrainingResult train(TrainerParts parts) {
     }
   }
   progress.finish();
+  if (!step_times.empty()) {
+    std::nth_element(step_times.begin(), step_times.begin() + long(step_times.size() / 2), step_times.end());
+    result.step_s_median = step_times[step_times.size() / 2];
+  }
   {
     auto scope = timer.measure(Phase::kEval);
     result.last_eval = evaluate(model, parts.data.test, parts.rank, parts.world_size,

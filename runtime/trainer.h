@@ -50,6 +50,7 @@ struct TrainingResult {
   int64_t audits = 0;
   int64_t audits_disagreeing = 0;
   std::string last_audit;        // verdict of the last audit
+  double step_s_median = 0;      // median wall time of a step, after 10 warm-up steps
   std::vector<std::vector<std::string>> shared_gradients;  // from the clip check
   nlohmann::json to_json() const;
 };

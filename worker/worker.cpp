@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <ctime>
+#include <fstream>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -30,6 +31,14 @@ std::string host_name() {
   char name[256] = {0};
   ::gethostname(name, sizeof name - 1);
   return name;
+}
+
+// This process's peak resident memory (VmHWM), in MiB; 0 if unknown.
+double peak_rss_mb() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return 0.0;
 }
 
 void warn_test_switches(const JobConfig& config, DecisionLog& log) {
@@ -210,7 +219,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                       options.process_start).count();
     events.write({{"event", "end"}, {"metrics", result.to_json()}, {"phases", timer.to_json(wall)},
-                  {"final_param_digest", final_digest}});
+                  {"final_param_digest", final_digest}, {"peak_rss_mb", peak_rss_mb()}});
     if (rank == 0) {
       nlohmann::json metrics = result.to_json();
       metrics["final_param_digest"] = final_digest;

@@ -1,0 +1,105 @@
+#!/usr/bin/python3
+"""lockstep against PyTorch DDP on this machine: same models, same batch per
+rank, same threads per rank, Gloo, 2 ranks, synthetic data in memory.
+
+Interleaved repetitions (lockstep, then DDP, per model), medians and spread.
+Both sides report the median wall time of a step after 10 warm-up steps.
+Also: the cnn with comm.overlap off (how much all-reduce the overlap hides),
+the data wait share, start-up and peak memory per rank, and the cnn on 1 rank
+against 2 (on a 2-core machine two ranks share the cores: this figure is for
+honesty, not a scaling claim). Prints a table to stderr and JSON to stdout.
+Usage: tests/bench/compare_ddp.py BUILD_DIR [repetitions]
+"""
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.dirname(os.path.dirname(HERE))
+STEPS = {"mlp": 300, "cnn": 120, "deep_mlp": 300}
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+
+
+def lockstep(build, model, nproc=2, extra=()):
+    with tempfile.TemporaryDirectory() as runs:
+        steps = STEPS[model]
+        command = [os.path.join(build, "lockstep"), "run", os.path.join(SOURCE, "examples/synthetic.toml"),
+                   "--nproc", str(nproc)]
+        for setting in (f"model.name={model}", "data.batch_size=64", f"job.steps={steps}",
+                        f"job.log_every={steps // 2}", "audit.every=0", "eval.every=0",
+                        f"job.run_dir={runs}", *extra):
+            command += ["--set", setting]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+        folder = glob.glob(runs + "/*")[0]
+        events = [json.loads(line) for line in open(folder + "/events-rank0.jsonl")]
+        end = [e for e in events if e["event"] == "end"][0]
+        phases = json.load(open(folder + "/manifest.json"))["phases"]
+        return {"step_s": end["metrics"]["step_s_median"],
+                "comm_wait_per_step_s": phases["comm_wait"] / steps,
+                "data_share": phases["data"] / (phases["data"] + phases["forward_backward"] +
+                                                phases["comm_wait"] + phases["optimizer"]),
+                "startup_s": phases["startup"], "peak_rss_mb": end["peak_rss_mb"]}
+
+
+def ddp(model):
+    out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "ddp_reference.py"), "--model", model,
+                          "--steps", str(STEPS[model] // 2)],
+                         check=True, capture_output=True, text=True, env=ENV).stdout
+    return json.loads(out.strip().splitlines()[-1])["step_s_median"]
+
+
+def summary(values):
+    values = sorted(values)
+    return {"median": statistics.median(values), "min": values[0], "max": values[-1]}
+
+
+def main():
+    build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(SOURCE, "build")
+    repetitions = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    samples = {key: [] for key in ("ratio_mlp", "ratio_cnn", "ratio_deep_mlp", "ls_mlp", "ls_cnn",
+                                   "ls_deep_mlp", "ddp_mlp", "ddp_cnn", "ddp_deep_mlp", "hidden",
+                                   "data_share", "startup", "rss", "one_vs_two")}
+    for rep in range(repetitions):
+        for model in ("mlp", "cnn", "deep_mlp"):
+            ours = lockstep(build, model)
+            theirs = ddp(model)
+            samples["ls_" + model].append(ours["step_s"] * 1000)
+            samples["ddp_" + model].append(theirs * 1000)
+            samples["ratio_" + model].append(ours["step_s"] / theirs)
+            if model == "cnn":
+                plain = lockstep(build, "cnn", extra=("comm.overlap=false",))
+                samples["hidden"].append(1 - ours["comm_wait_per_step_s"] / plain["comm_wait_per_step_s"])
+                samples["data_share"].append(ours["data_share"])
+                samples["startup"].append(ours["startup_s"])
+                samples["rss"].append(ours["peak_rss_mb"])
+                one = lockstep(build, "cnn", nproc=1)
+                samples["one_vs_two"].append((128 / ours["step_s"]) / (64 / one["step_s"]))
+        print(f"repetition {rep + 1}/{repetitions} done", file=sys.stderr)
+    result = {
+        "benchmark": "lockstep vs PyTorch DDP",
+        "setup": {"ranks": 2, "batch_per_rank": 64, "threads_per_rank": 1, "backend": "gloo",
+                  "data": "synthetic, in memory", "optimizer": "sgd momentum 0.9",
+                  "cores": os.cpu_count(), "repetitions": repetitions, "steps": STEPS,
+                  "order": "interleaved per repetition: lockstep, DDP per model"},
+        "step_ms": {m: {"lockstep": summary(samples["ls_" + m]), "ddp": summary(samples["ddp_" + m]),
+                        "ratio": summary(samples["ratio_" + m])} for m in STEPS},
+        "cnn_allreduce_hidden_by_overlap": summary(samples["hidden"]),
+        "cnn_data_wait_share": summary(samples["data_share"]),
+        "cnn_startup_s_to_first_step": summary(samples["startup"]),
+        "cnn_peak_rss_mb_rank0": summary(samples["rss"]),
+        "cnn_throughput_2_ranks_over_1": summary(samples["one_vs_two"]),
+    }
+    for m in STEPS:
+        r = result["step_ms"][m]
+        print(f"{m:9s} lockstep {r['lockstep']['median']:7.2f} ms  DDP {r['ddp']['median']:7.2f} ms  "
+              f"ratio {r['ratio']['median']:.3f} [{r['ratio']['min']:.3f}, {r['ratio']['max']:.3f}]",
+              file=sys.stderr)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs lockstep's benchmarks and prints their JSON. Needs a built tree
+# (README command 2). Usage: tests/bench/run.sh [BUILD_DIR] [repetitions]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-$here/../../build}
+repetitions=${2:-5}
+echo "== lockstep vs PyTorch DDP" >&2
+/usr/bin/python3 "$here/compare_ddp.py" "$build" "$repetitions"
+echo "== audit overhead" >&2
+"$build/tests/bench/audit_overhead" "$repetitions"
+echo "== gradient-sync efficiency" >&2
+"$build/tests/bench/sync_efficiency" 200
