@@ -14,6 +14,8 @@ void PendingCollective::wait() {
   if (impl_) impl_->work->wait();
 }
 
+bool PendingCollective::done() const { return !impl_ || impl_->work->isCompleted(); }
+
 struct CollectiveGroup::Impl {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
 };

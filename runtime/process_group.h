@@ -33,6 +33,8 @@ class PendingCollective {
   struct Impl;
   explicit PendingCollective(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
   void wait();
+  // True once it has finished (without waiting).
+  bool done() const;
 
  private:
   std::shared_ptr<Impl> impl_;

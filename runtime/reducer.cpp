@@ -115,8 +115,15 @@ double GradientReducer::finish() {
     spdlog::warn("Decision: unused_parameters = {} (no gradient arrived this step; they count as "
                  "zero in the all-reduce, so no rank waits for them)", unused);
   }
+  for (size_t b = 0; b < next_launch_; ++b) {  // finished before backward ended: hidden
+    const int64_t bytes = buckets_[b].flat.numel() * int64_t(buckets_[b].flat.element_size());
+    if (buckets_[b].work->done()) bytes_hidden_ += bytes;
+  }
   while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
-  for (auto& bucket : buckets_) bucket.work->wait();
+  for (auto& bucket : buckets_) {
+    bytes_reduced_ += bucket.flat.numel() * int64_t(bucket.flat.element_size());
+    bucket.work->wait();
+  }
 
   const Bucket& last = buckets_.back();
   const double global_count = last.flat[last.flat.numel() - 1].item<double>();

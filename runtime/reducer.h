@@ -64,6 +64,11 @@ class GradientReducer {
   int64_t bucket_count() const { return int64_t(buckets_.size()); }
   // Buckets whose all-reduce started during backward in the last step.
   int64_t launched_during_backward() const { return launched_early_; }
+  // Over all steps so far: the share of gradient bytes whose all-reduce had
+  // already finished when backward ended (fully hidden behind it).
+  double hidden_share() const {
+    return bytes_reduced_ > 0 ? double(bytes_hidden_) / double(bytes_reduced_) : 0.0;
+  }
 
  private:
   struct Bucket {
@@ -96,6 +101,8 @@ class GradientReducer {
   bool hooked_step_ = false;        // gradients came through the hooks this step
   int64_t launched_early_ = 0;
   bool reported_unused_ = false;
+  int64_t bytes_reduced_ = 0;
+  int64_t bytes_hidden_ = 0;
 };
 
 }  // namespace lockstep

@@ -87,6 +87,7 @@ nlohmann::json TrainingResult::to_json() const {
           {"audits_disagreeing", audits_disagreeing},
           {"last_audit", last_audit},
           {"step_s_median", step_s_median},
+          {"allreduce_hidden_share", allreduce_hidden_share},
           {"shared_gradient_storage", shared_gradients}};
 }
 
@@ -269,6 +270,7 @@ TrainingResult train(TrainerParts parts) {
     }
   }
   progress.finish();
+  result.allreduce_hidden_share = reducer.hidden_share();
   if (!step_times.empty()) {
     std::nth_element(step_times.begin(), step_times.begin() + long(step_times.size() / 2), step_times.end());
     result.step_s_median = step_times[step_times.size() / 2];

@@ -51,6 +51,7 @@ struct TrainingResult {
   int64_t audits_disagreeing = 0;
   std::string last_audit;        // verdict of the last audit
   double step_s_median = 0;      // median wall time of a step, after 10 warm-up steps
+  double allreduce_hidden_share = 0;  // gradient bytes all-reduced before backward ended
   std::vector<std::vector<std::string>> shared_gradients;  // from the clip check
   nlohmann::json to_json() const;
 };

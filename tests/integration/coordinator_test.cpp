@@ -16,7 +16,7 @@ TEST(Coordinator, RunTrainsThroughTheEmbeddedCoordinatorAndStatusShowsProgress) 
   TempDir dir;
   LockstepProcess run({"run", examples_dir() + "/fashion_mnist_mlp.toml", "--nproc", "2", "--set",
                        "job.run_dir=" + dir.path() + "/runs", "--set", "job.epochs=0", "--set",
-                       "job.steps=1500", "--set", "fault.heartbeat_s=0.2"},
+                       "job.steps=3000", "--set", "fault.heartbeat_s=0.2"},
                       dir.path(), {"LOCKSTEP_TOKEN=" + kToken});
   ASSERT_TRUE(run.wait_for_output("listening on", 30)) << run.output();
   std::smatch match;
