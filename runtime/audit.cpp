@@ -109,11 +109,6 @@ bool Auditor::due(int64_t step, int64_t total_steps) const {
   return step == 1 || step % options_.every == 0 || step == total_steps;
 }
 
-AuditResult Auditor::run(int64_t step, torch::optim::Optimizer& optimizer) {
-  start(step);
-  return finish(optimizer);
-}
-
 void Auditor::start(int64_t step) {
   torch::NoGradGuard no_grad;
   Pending p;

@@ -55,10 +55,8 @@ class Auditor {
   // True at the first step, every `every` steps and at the last step.
   bool due(int64_t step, int64_t total_steps) const;
 
-  // Audits after optimizer step `step`: start() now, finish() later. Every
-  // rank must make the same calls at the same steps.
-  AuditResult run(int64_t step, torch::optim::Optimizer& optimizer);
-
+  // An audit is start() and, later, finish(); every rank makes the same
+  // calls at the same steps.
   // Digests the state after optimizer step `step` and starts their
   // all-gather, so that it can travel while the next step computes. The
   // state must not change before finish(): call finish() before the next

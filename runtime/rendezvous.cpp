@@ -41,8 +41,6 @@ TorchrunEnv TorchrunEnv::from_environment() {
   env.master_port = read_int("MASTER_PORT", 29500, false, 1);
   if (env.master_port > 65535) throw InputError("environment variable MASTER_PORT must be <= 65535");
   if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) env.master_addr = addr;
-  if (const char* hosted = std::getenv("LOCKSTEP_STORE_HOSTED")) env.store_hosted = hosted == std::string("1");
-  if (const char* id = std::getenv("LOCKSTEP_RUN_ID")) env.run_id = id;
   if (env.rank >= env.world_size)
     throw InputError("RANK = " + std::to_string(env.rank) + " is not below WORLD_SIZE = " +
                      std::to_string(env.world_size));
@@ -58,9 +56,8 @@ RendezvousResult TorchrunRendezvous::join(std::chrono::milliseconds timeout) {
   result.world_size = env_.world_size;
   result.local_rank = env_.local_rank;
   result.local_world_size = env_.local_world_size;
-  result.run_id = env_.run_id;
   result.gloo_host = is_loopback(env_.master_addr) ? "127.0.0.1" : "";
-  const bool host_store = env_.rank == 0 && !env_.store_hosted;
+  const bool host_store = env_.rank == 0;
   try {
     result.store = open_tcp_store(env_.master_addr, env_.master_port, host_store,
                                   env_.world_size, timeout);
@@ -71,8 +68,7 @@ RendezvousResult TorchrunRendezvous::join(std::chrono::milliseconds timeout) {
                    ")");
   }
   result.description = "TCPStore at " + env_.master_addr + ":" +
-                       std::to_string(env_.master_port) + ", hosted by " +
-                       (env_.store_hosted ? "the launcher" : "rank 0");
+                       std::to_string(env_.master_port) + ", hosted by rank 0";
   return result;
 }
 

@@ -29,8 +29,7 @@ class Rendezvous {
 };
 
 // torchrun's variables: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT, plus lockstep's LOCKSTEP_STORE_HOSTED (the
-// launcher already hosts the store) and LOCKSTEP_RUN_ID.
+// MASTER_ADDR, MASTER_PORT.
 struct TorchrunEnv {
   int rank = 0;
   int world_size = 1;
@@ -38,15 +37,13 @@ struct TorchrunEnv {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  bool store_hosted = false;
-  std::string run_id;
 
   // Reads the process environment. Throws InputError naming the variable.
   static TorchrunEnv from_environment();
 };
 
-// Rank 0 hosts a TCPStore on MASTER_ADDR:MASTER_PORT unless the store is
-// already hosted; every other rank connects to it.
+// Rank 0 hosts a TCPStore on MASTER_ADDR:MASTER_PORT; every other rank
+// connects to it. Rank 0 chooses the run id.
 class TorchrunRendezvous : public Rendezvous {
  public:
   explicit TorchrunRendezvous(TorchrunEnv env) : env_(std::move(env)) {}
