@@ -45,12 +45,6 @@ std::string resolve_token(const std::string& token_file) {
                    "workers need the same one)");
 }
 
-std::string host_name() {
-  char name[256] = {0};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
-
 int env_int(const char* name, int fallback) {
   const char* text = std::getenv(name);
   if (!text || !*text) return fallback;

@@ -1,5 +1,7 @@
 #include "runtime/rendezvous.h"
 
+#include <unistd.h>
+
 #include <charconv>
 #include <cstdlib>
 
@@ -26,11 +28,18 @@ int read_int(const char* name, int fallback, bool required, int min) {
   return value;
 }
 
+}  // namespace
+
 bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
 }
 
-}  // namespace
+std::string host_name() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
 
 TorchrunEnv TorchrunEnv::from_environment() {
   TorchrunEnv env;

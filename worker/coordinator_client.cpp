@@ -9,10 +9,6 @@
 namespace lockstep {
 namespace {
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
-}
-
 const char* code_name(grpc::StatusCode code) {
   switch (code) {
     case grpc::StatusCode::OK: return "OK";

@@ -27,12 +27,6 @@ using std::chrono::milliseconds;
 
 milliseconds to_ms(double seconds) { return milliseconds(int64_t(seconds * 1000.0)); }
 
-std::string host_name() {
-  char name[256] = {0};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
-
 // This process's peak resident memory (VmHWM), in MiB; 0 if unknown.
 double peak_rss_mb() {
   std::ifstream status("/proc/self/status");
@@ -159,7 +153,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                                            : "seed + rank: each rank its own random stream");
     StreamCheck streams = check_streams_differ(*control, decisions);
     events.write({{"event", "seeding"},
-                  {"init_param_digest", combined_hex(module_digests(*model, true))},
+                  {"init_param_digest", init_digest},
                   {"train_seed", train_seed},
                   {"dropout_mask_hash", TensorDigest{0, streams.probes[size_t(rank)], 0}.hex().substr(16)}});
 
@@ -218,13 +212,13 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     control->barrier("end");
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                       options.process_start).count();
-    events.write({{"event", "end"}, {"metrics", result.to_json()}, {"phases", timer.to_json(wall)},
+    nlohmann::json metrics = result.to_json();
+    metrics["final_param_digest"] = final_digest;
+    events.write({{"event", "end"}, {"metrics", metrics}, {"phases", timer.to_json(wall)},
                   {"final_param_digest", final_digest}, {"peak_rss_mb", peak_rss_mb()}});
     if (rank == 0) {
-      nlohmann::json metrics = result.to_json();
-      metrics["final_param_digest"] = final_digest;
-      metrics["wall_s"] = wall;
       manifest.body["metrics"] = metrics;
+      manifest.body["metrics"]["wall_s"] = wall;
       manifest.body["phases"] = timer.to_json(wall);
       manifest.body["decisions"] = decisions.to_json();
       manifest.body["status"] = "completed";
@@ -241,8 +235,6 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                      timer.seconds(Phase::kEval), timer.train_seconds());
       spdlog::info("run folder: {}", folder.path());
     }
-    nlohmann::json metrics = result.to_json();
-    metrics["final_param_digest"] = final_digest;
     return WorkerSummary{metrics, decisions.to_json()};
   } catch (const std::exception& e) {
     if (rank == 0) {
