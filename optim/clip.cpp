@@ -1,5 +1,6 @@
 #include "optim/clip.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -26,26 +27,55 @@ std::pair<at::Tensor, at::Tensor> covered_elements(const StorageGroup& group) {
   return {flat, mask};
 }
 
+// Whether some element belongs to two of the group's gradients. Disjoint
+// slices of one buffer (the reducer's buckets) are ordinary gradients.
+bool elements_overlap(const StorageGroup& group) {
+  std::vector<std::pair<int64_t, int64_t>> spans;  // [begin, end) of contiguous gradients
+  for (const auto& g : group.grads) {
+    if (!g.is_contiguous()) {
+      auto [flat, mask] = covered_elements(group);
+      int64_t total = 0;
+      for (const auto& h : group.grads) total += h.numel();
+      return mask.sum().item<int64_t>() < total;
+    }
+    spans.emplace_back(g.storage_offset(), g.storage_offset() + g.numel());
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (spans[i].first < spans[i - 1].second) return true;
+  return false;
+}
+
 }  // namespace
 
 ClipResult clip_grad_norm(const NamedTensors& params, double max_norm) {
-  std::map<const void*, StorageGroup> groups;
-  std::vector<const void*> order;
+  std::map<const void*, size_t> group_of_storage;
+  std::vector<StorageGroup> by_storage;
   for (const auto& [name, param] : params) {
     const at::Tensor& grad = param.grad();
     if (!grad.defined()) continue;
     const void* key = grad.storage().unsafeGetStorageImpl();
-    if (!groups.count(key)) order.push_back(key);
-    groups[key].names.push_back(name);
-    groups[key].grads.push_back(grad);
+    auto [it, added] = group_of_storage.emplace(key, by_storage.size());
+    if (added) by_storage.emplace_back();
+    by_storage[it->second].names.push_back(name);
+    by_storage[it->second].grads.push_back(grad);
+  }
+  // Gradients in one storage that do not overlap are measured one by one.
+  std::vector<StorageGroup> groups;
+  for (auto& group : by_storage) {
+    if (group.grads.size() == 1 || elements_overlap(group)) {
+      groups.push_back(std::move(group));
+      continue;
+    }
+    for (size_t i = 0; i < group.grads.size(); ++i)
+      groups.push_back(StorageGroup{{group.names[i]}, {group.grads[i]}});
   }
 
   ClipResult result;
   double sum_squares = 0.0;
   // Per group: the elements to measure and a way to scale them once.
   std::vector<std::pair<at::Tensor, at::Tensor>> shared_views;
-  for (const void* key : order) {
-    const StorageGroup& group = groups[key];
+  for (const StorageGroup& group : groups) {
     if (group.grads.size() == 1) {
       const at::Tensor& g = group.grads.front();
       sum_squares += g.to(at::kDouble).pow(2).sum().item<double>();
@@ -64,10 +94,8 @@ ClipResult clip_grad_norm(const NamedTensors& params, double max_norm) {
   if (max_norm <= 0 || !std::isfinite(result.total_norm) || result.total_norm <= max_norm)
     return result;
   const double coefficient = max_norm / (result.total_norm + 1e-6);
-  for (const void* key : order) {
-    const StorageGroup& group = groups[key];
+  for (const StorageGroup& group : groups)
     if (group.grads.size() == 1) group.grads.front().mul_(coefficient);
-  }
   for (auto& [flat, mask] : shared_views) {
     at::Tensor scaled = flat * coefficient;
     flat.copy_(at::where(mask, scaled, flat));

@@ -17,7 +17,8 @@ struct ClipResult {
   double total_norm = 0.0;  // L2 norm over every distinct gradient element
   bool clipped = false;     // gradients were scaled by max_norm / total_norm
   int64_t nonfinite = 0;    // distinct gradient elements that are inf or NaN
-  // Names of parameters whose gradients share one storage, one group each.
+  // Names of parameters whose gradients overlap in one storage, one group
+  // each (disjoint slices of one buffer are not sharing).
   std::vector<std::vector<std::string>> shared_storage;
 };
 

@@ -77,6 +77,8 @@ const std::vector<KeySpec>& schema() {
        {"auto", "gloo", "nccl"}},
       {"comm.bucket_mb", Kind::kFloat, LOCKSTEP_FIELD(comm.bucket_mb), 0, 1024, true},
       {"comm.overlap", Kind::kBool, LOCKSTEP_FIELD(comm.overlap)},
+      {"comm.unused_parameters", Kind::kString, LOCKSTEP_FIELD(comm.unused_parameters), -kInf,
+       kInf, false, {"error", "zero"}},
       {"comm.barrier_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.barrier_timeout_s), 0, 86400,
        true},
       {"comm.collective_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.collective_timeout_s), 0,

@@ -60,6 +60,7 @@ struct CommSection {
   std::string backend = "auto";        // auto | gloo | nccl (data group)
   double bucket_mb = 25.0;             // gradient bytes per all-reduce
   bool overlap = true;                 // start a bucket's all-reduce during backward
+  std::string unused_parameters = "error";  // a parameter without a gradient: error | zero
   double barrier_timeout_s = 60.0;     // control group: barriers, checks
   double collective_timeout_s = 300.0; // data group: gradient all-reduce
   double rendezvous_timeout_s = 120.0; // reaching the store, connecting the groups

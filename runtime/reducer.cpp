@@ -3,7 +3,10 @@
 #include <cmath>
 
 #include <spdlog/spdlog.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
+
+#include "runtime/errors.h"
 
 namespace lockstep {
 
@@ -26,8 +29,6 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, at::Tensor>>
     bytes += size;
   }
   if (!current.members.empty()) buckets_.push_back(std::move(current));
-  // Members back to back from offset 0; the valid-sample count rides in one
-  // extra slot at the end of the last bucket.
   places_.resize(params_.size());
   for (size_t b = 0; b < buckets_.size(); ++b) {
     int64_t offset = 0;
@@ -35,51 +36,81 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, at::Tensor>>
       places_[i] = {b, offset};
       offset += params_[i].second.numel();
     }
-    const int64_t count_slot = b + 1 == buckets_.size() ? 1 : 0;
-    buckets_[b].flat = torch::zeros({offset + count_slot}, params_.front().second.options());
+    const int64_t tail = b + 1 == buckets_.size() ? kTailSlots : 0;
+    buckets_[b].flat = torch::zeros({offset + tail}, params_.front().second.options());
   }
+  bind_gradients(/*keep_values=*/true);
   arrived_.assign(params_.size(), false);
   ever_arrived_.assign(params_.size(), false);
-  if (options_.overlap)
-    for (size_t i = 0; i < params_.size(); ++i)
-      hooks_.push_back(params_[i].second.register_hook([this, i](const at::Tensor& grad) {
-        on_gradient(i, grad);
-      }));
+  // After the accumulator has added this microbatch's gradient into the
+  // bucket (a tensor hook would run before it, too early to send).
+  for (size_t i = 0; i < params_.size(); ++i) {
+    accumulators_.push_back(torch::autograd::impl::grad_accumulator(params_[i].second));
+    hook_keys_.push_back(accumulators_.back()->add_post_hook(
+        std::make_unique<torch::autograd::utils::LambdaPostHook>(
+            [this, i](const torch::autograd::variable_list& outputs,
+                      const torch::autograd::variable_list&) {
+              on_gradient(i);
+              return outputs;
+            })));
+  }
 }
 
 GradientReducer::~GradientReducer() {
-  for (size_t i = 0; i < hooks_.size(); ++i) params_[i].second.remove_hook(hooks_[i]);
+  for (size_t i = 0; i < hook_keys_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+}
+
+at::Tensor GradientReducer::slot_of(size_t index) const {
+  const at::Tensor& p = params_[index].second;
+  const Place& place = places_[index];
+  return buckets_[place.bucket].flat.narrow(0, place.offset, p.numel()).view(p.sizes());
+}
+
+void GradientReducer::bind_gradients(bool keep_values) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i].second;
+    const at::Tensor& grad = p.grad();
+    at::Tensor slot = slot_of(i);
+    if (grad.defined() && grad.data_ptr() == slot.data_ptr()) continue;
+    if (keep_values) {
+      if (grad.defined()) slot.copy_(grad);
+      else slot.zero_();
+    }
+    p.mutable_grad() = slot;
+  }
+}
+
+void GradientReducer::start_step(bool zero_gradients) {
+  for (auto& bucket : buckets_) {
+    if (zero_gradients) bucket.flat.zero_();
+    bucket.launched = false;
+    bucket.work.reset();
+  }
+  bind_gradients(/*keep_values=*/!zero_gradients);
+  at::Tensor& tail = buckets_.back().flat;
+  tail[tail.numel() - kTailSlots + kRanksMissingGradients].fill_(0.0);
+  next_launch_ = 0;
+  launched_early_ = 0;
+  late_gradient_.clear();
+  std::fill(ever_arrived_.begin(), ever_arrived_.end(), false);
 }
 
 void GradientReducer::begin_microbatch(int64_t micro, int64_t count, double local_count) {
-  if (micro == 0) {
-    for (auto& bucket : buckets_) {
-      bucket.flat.zero_();
-      bucket.launched = false;
-      bucket.work.reset();
-    }
-    next_launch_ = 0;
-    launched_early_ = 0;
-    hooked_step_ = false;
-    std::fill(ever_arrived_.begin(), ever_arrived_.end(), false);
-  }
+  if (micro == 0) start_step(/*zero_gradients=*/true);
   std::fill(arrived_.begin(), arrived_.end(), false);
   for (auto& bucket : buckets_) bucket.waiting = int64_t(bucket.members.size());
   last_microbatch_ = micro + 1 == count;
-  Bucket& last = buckets_.back();
-  last.flat[last.flat.numel() - 1].fill_(local_count);
+  at::Tensor& tail = buckets_.back().flat;
+  tail[tail.numel() - kTailSlots + kValidCount].fill_(local_count);
 }
 
-void GradientReducer::on_gradient(size_t index, const at::Tensor& grad) {
-  hooked_step_ = true;
-  const Place& place = places_[index];
-  Bucket& bucket = buckets_[place.bucket];
-  if (bucket.launched) return;  // a second backward after the launch: not ours to mix in
-  bucket.flat.narrow(0, place.offset, grad.numel()).add_(grad.reshape({-1}));
+void GradientReducer::on_gradient(size_t index) {
+  Bucket& bucket = buckets_[places_[index].bucket];
+  if (bucket.launched && late_gradient_.empty()) late_gradient_ = params_[index].first;
   ever_arrived_[index] = true;
   if (arrived_[index]) return;
   arrived_[index] = true;
-  if (--bucket.waiting == 0 && last_microbatch_) launch_ready();
+  if (--bucket.waiting == 0 && last_microbatch_ && options_.overlap) launch_ready();
 }
 
 void GradientReducer::launch(Bucket& bucket) {
@@ -95,26 +126,19 @@ void GradientReducer::launch_ready() {
   }
 }
 
-double GradientReducer::finish() {
-  if (!hooked_step_) {
-    // No hooks ran (overlap off): take the gradients from .grad.
-    for (auto& bucket : buckets_)
-      for (size_t i : bucket.members) {
-        const at::Tensor& grad = params_[i].second.grad();
-        if (!grad.defined()) continue;
-        bucket.flat.narrow(0, places_[i].offset, grad.numel()).copy_(grad.reshape({-1}));
-        ever_arrived_[i] = true;
-      }
-    launched_early_ = 0;
-  }
-  std::string unused;
+std::string GradientReducer::missing_gradients() const {
+  std::string missing;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (!ever_arrived_[i]) unused += (unused.empty() ? "" : ", ") + params_[i].first;
-  if (!unused.empty() && !reported_unused_) {
-    reported_unused_ = true;
-    spdlog::warn("Decision: unused_parameters = {} (no gradient arrived this step; they count as "
-                 "zero in the all-reduce, so no rank waits for them)", unused);
-  }
+    if (!ever_arrived_[i]) missing += (missing.empty() ? "" : ", ") + params_[i].first;
+  return missing;
+}
+
+double GradientReducer::finish() {
+  const std::string missing = missing_gradients();
+  // The last bucket can only have started during backward if every
+  // gradient arrived (buckets start in order), so the flag is still unsent.
+  at::Tensor& tail = buckets_.back().flat;
+  if (!missing.empty()) tail[tail.numel() - kTailSlots + kRanksMissingGradients].fill_(1.0);
   for (size_t b = 0; b < next_launch_; ++b) {  // finished before backward ended: hidden
     const int64_t bytes = buckets_[b].flat.numel() * int64_t(buckets_[b].flat.element_size());
     if (buckets_[b].work->done()) bytes_hidden_ += bytes;
@@ -124,23 +148,38 @@ double GradientReducer::finish() {
     bytes_reduced_ += bucket.flat.numel() * int64_t(bucket.flat.element_size());
     bucket.work->wait();
   }
+  const int64_t tail_start = tail.numel() - kTailSlots;
+  const double global_count = tail[tail_start + kValidCount].item<double>();
+  const auto ranks_missing = int64_t(tail[tail_start + kRanksMissingGradients].item<double>());
 
-  const Bucket& last = buckets_.back();
-  const double global_count = last.flat[last.flat.numel() - 1].item<double>();
+  if (!late_gradient_.empty())
+    throw RunError("the gradient of " + late_gradient_ + " was accumulated after its bucket's " +
+                   "all-reduce had started: backward ran twice in one microbatch (one backward "
+                   "per microbatch; use train.accum_steps for more)");
+  if (ranks_missing > 0 && options_.error_on_unused)
+    throw RunError(std::to_string(ranks_missing) + " of " + std::to_string(group_.size()) +
+                   " ranks got no gradient for some parameters in this step (rank " +
+                   std::to_string(group_.rank()) + ": " + (missing.empty() ? "none" : missing) +
+                   "). A forward that skips parameters needs comm.unused_parameters = \"zero\" "
+                   "(they then count as zero gradients); otherwise check the model's forward");
+  if (!missing.empty() && !reported_unused_) {
+    reported_unused_ = true;
+    spdlog::warn("Decision: unused_parameters = {} (no gradient arrived this step; "
+                 "comm.unused_parameters = \"zero\": they count as zero in the all-reduce)",
+                 missing);
+  }
   const double scale = global_count > 0 ? 1.0 / global_count : 1.0;
-  for (Bucket& bucket : buckets_)
-    for (size_t i : bucket.members) {
-      at::Tensor& p = params_[i].second;
-      at::Tensor slot = bucket.flat.narrow(0, places_[i].offset, p.numel()).view(p.sizes());
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-      p.mutable_grad().copy_(slot).mul_(scale);
-    }
+  for (Bucket& bucket : buckets_) bucket.flat.mul_(scale);  // the mean, in place in every .grad
   return global_count;
 }
 
 double GradientReducer::allreduce_mean(double local_count) {
-  begin_microbatch(0, 1, local_count);
-  hooked_step_ = false;
+  start_step(/*zero_gradients=*/false);  // .grad as it is; an undefined one is zeros
+  std::fill(arrived_.begin(), arrived_.end(), true);
+  std::fill(ever_arrived_.begin(), ever_arrived_.end(), true);
+  last_microbatch_ = true;
+  at::Tensor& tail = buckets_.back().flat;
+  tail[tail.numel() - kTailSlots + kValidCount].fill_(local_count);
   return finish();
 }
 

@@ -7,14 +7,18 @@
 // ranks and divides by the global count, so W ranks with batch B give the
 // gradient of one process with batch W*B, masked targets included.
 //
-// With overlap, a hook on every parameter copies its gradient into its
-// bucket as backward produces it; on the last microbatch of a step a
-// bucket's all-reduce starts as soon as its last gradient is in, buckets
-// always in index order so every rank issues the same collectives in the
-// same order. finish() starts whatever backward did not (a parameter that
-// got no gradient counts as zeros and is named once in the log), waits, and
-// writes the averaged gradients into .grad.
+// Every parameter's .grad is a view into its bucket, so autograd accumulates
+// straight into the buffer the all-reduce sends and the mean is taken in
+// place: no copy of the model's gradients per step. The reducer owns zeroing
+// them (begin_microbatch of microbatch 0); nothing else may replace .grad.
+// A hook after each parameter's gradient accumulator records its arrival;
+// with overlap, on the last microbatch of a step a bucket's all-reduce starts
+// as soon as its last gradient is in, buckets always in index order so every
+// rank issues the same collectives in the same order. finish() starts
+// whatever backward did not, so no rank ever waits for a gradient that never
+// comes. One backward per microbatch.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,36 +28,46 @@
 
 #include "runtime/process_group.h"
 
+namespace torch::autograd {
+struct Node;
+}
+
 namespace lockstep {
 
 struct ReducerOptions {
   int64_t bucket_bytes = 25 << 20;       // gradients per all-reduce
   int64_t first_bucket_bytes = 1 << 20;  // small, so the first can start early
   bool overlap = true;                   // start all-reduces during backward
+  // A parameter without a gradient in a step (on any rank): finish() throws
+  // naming it (true), or it counts as zeros and is named once (false).
+  bool error_on_unused = true;
 };
 
 class GradientReducer {
  public:
-  // `params` in registration order, each with requires_grad. The group
-  // must outlive the reducer. Not thread-safe beyond autograd's own calls.
+  // `params` in registration order, each with requires_grad. Gradients
+  // already in .grad are kept (copied into the buckets). The group must
+  // outlive the reducer. Not thread-safe beyond autograd's own calls.
   GradientReducer(std::vector<std::pair<std::string, at::Tensor>> params, CollectiveGroup& group,
                   ReducerOptions options);
   ~GradientReducer();
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
-  // Before the backward pass of microbatch `micro` (0-based) of `count`.
-  // `local_count` is this rank's valid samples in the step's microbatches
-  // up to and including this one.
+  // Before the backward pass of microbatch `micro` (0-based) of `count`;
+  // microbatch 0 zeroes the gradients. `local_count` is this rank's valid
+  // samples in the step's microbatches up to and including this one.
   void begin_microbatch(int64_t micro, int64_t count, double local_count);
 
   // After the last backward of the step: completes the all-reduce and
-  // writes sum / global count into every .grad. Returns the global count
-  // (0: no valid target anywhere; the gradients are then all zero).
+  // leaves sum / global count in every .grad. Returns the global count
+  // (0: no valid target anywhere; the gradients are then all zero). Throws
+  // RunError on every rank when a parameter got no gradient on some rank
+  // and error_on_unused is set, after the collectives, so nobody hangs.
   double finish();
 
-  // begin_microbatch(0, 1, local_count) + finish() for gradients already
-  // in .grad (no hooks involved): the plain, non-overlapped path.
+  // For gradients written into .grad without a backward pass (tests,
+  // benchmarks): takes them as they are, then finish().
   double allreduce_mean(double local_count);
 
   // Non-finite values among the gradients finish() produced (one pass over
@@ -73,7 +87,7 @@ class GradientReducer {
  private:
   struct Bucket {
     std::vector<size_t> members;  // indices into params_
-    at::Tensor flat;              // members' gradients, back to back (+1 count slot in the last)
+    at::Tensor flat;              // members' gradients back to back (+ the tail slots in the last)
     int64_t waiting = 0;          // members without a gradient yet in this microbatch
     bool launched = false;
     std::vector<at::Tensor> io;   // what the all-reduce works on
@@ -83,22 +97,29 @@ class GradientReducer {
     size_t bucket = 0;
     int64_t offset = 0;
   };
+  // Slots after the last gradient of the last bucket, summed over ranks.
+  enum TailSlot : int64_t { kValidCount = 0, kRanksMissingGradients = 1, kTailSlots = 2 };
 
-  void on_gradient(size_t index, const at::Tensor& grad);
+  at::Tensor slot_of(size_t index) const;
+  void start_step(bool zero_gradients);
+  void bind_gradients(bool keep_values);
+  void on_gradient(size_t index);
   void launch_ready();
   void launch(Bucket& bucket);
+  std::string missing_gradients() const;
 
   std::vector<std::pair<std::string, at::Tensor>> params_;
   CollectiveGroup& group_;
   ReducerOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<Place> places_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
   std::vector<bool> arrived_;       // per parameter, this microbatch
   std::vector<bool> ever_arrived_;  // per parameter, this step
-  std::vector<unsigned> hooks_;     // hook handles, per parameter
+  std::string late_gradient_;       // a gradient accumulated after its bucket was sent
   size_t next_launch_ = 0;
   bool last_microbatch_ = true;
-  bool hooked_step_ = false;        // gradients came through the hooks this step
   int64_t launched_early_ = 0;
   bool reported_unused_ = false;
   int64_t bytes_reduced_ = 0;

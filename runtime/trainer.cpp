@@ -111,6 +111,7 @@ TrainingResult train(TrainerParts parts) {
   ReducerOptions reducer_options;
   reducer_options.bucket_bytes = std::max<int64_t>(1, int64_t(config.comm.bucket_mb * (1 << 20)));
   reducer_options.overlap = config.comm.overlap;
+  reducer_options.error_on_unused = config.comm.unused_parameters == "error";
   GradientReducer reducer(named, parts.data_group, reducer_options);
   parts.decisions.record("gradient_buckets", std::to_string(reducer.bucket_count()),
                          "comm.bucket_mb = " + fmt::format("{:g}", config.comm.bucket_mb) +
@@ -163,8 +164,7 @@ TrainingResult train(TrainerParts parts) {
   for (int64_t step = 0; step < steps; ++step) {
     const auto step_start = PhaseTimer::Clock::now();
     const double lr = optim::scheduled_lr(schedule, step);
-    optim::set_lr(*optimizer, lr);
-    optimizer->zero_grad();
+    optim::set_lr(*optimizer, lr);  // the reducer zeroes the gradients (its buckets)
 
     double local_valid = 0, local_loss_sum = 0;
     for (int64_t micro = 0; micro < config.train.accum_steps; ++micro) {

@@ -41,6 +41,7 @@ TEST(ClipGradNorm, DisjointViewsOfOneBuffer) {
   b.mutable_grad() = flat.narrow(0, 2, 1);
   ClipResult r = clip_grad_norm({{"a", a}, {"b", b}}, 1.5);
   EXPECT_NEAR(r.total_norm, 3.0, 1e-6);
+  EXPECT_TRUE(r.shared_storage.empty());  // one buffer, no element in two gradients
   const double c = 1.5 / (3.0 + 1e-6);
   EXPECT_NEAR(flat[0].item<double>(), 1.0 * c, 1e-6);
   EXPECT_NEAR(flat[2].item<double>(), 2.0 * c, 1e-6);

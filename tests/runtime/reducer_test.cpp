@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "runtime/errors.h"
 #include "support/thread_world.h"
 
 namespace lockstep {
@@ -93,6 +94,90 @@ TEST(GradientReducer, OverlapStartsBucketsDuringBackwardAndMatchesThePlainPath) 
           << "tensor " << i << ": overlap sum " << overlapped[r][i].sum().item<double>()
           << ", plain sum " << plain[r][i].sum().item<double>();
     }
+}
+
+}  // namespace
+}  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+// A model whose forward skips `fc_b` on rank 1 only.
+struct TwoBranch {
+  torch::nn::Linear fc_a{8, 4}, fc_b{8, 4};
+  std::vector<std::pair<std::string, at::Tensor>> params() {
+    return {{"fc_a.weight", fc_a->weight}, {"fc_a.bias", fc_a->bias},
+            {"fc_b.weight", fc_b->weight}, {"fc_b.bias", fc_b->bias}};
+  }
+  at::Tensor forward(const at::Tensor& x, bool use_b) {
+    return use_b ? fc_a->forward(x) + fc_b->forward(x) : fc_a->forward(x);
+  }
+};
+
+// Autograd accumulates straight into the buckets: the .grad tensors are
+// slices of the reducer's buffers, the same ones every step, and the mean is
+// taken there (no second copy of the gradients).
+TEST(GradientReducer, GradientsAreViewsOfTheBucketsAcrossSteps) {
+  testing::run_ranks(2, [&](int rank, StorePtr store) {
+    auto group = CollectiveGroup::gloo(prefixed("data/", store), rank, 2, std::chrono::seconds(30),
+                                       "127.0.0.1");
+    TwoBranch net;
+    auto params = net.params();
+    ReducerOptions options;
+    options.first_bucket_bytes = options.bucket_bytes = 1 << 20;  // one bucket
+    GradientReducer reducer(params, *group, options);
+    std::vector<const void*> first;
+    for (int step = 0; step < 3; ++step) {
+      reducer.begin_microbatch(0, 1, 2);
+      net.forward(torch::ones({2, 8}), true).sum().backward();
+      EXPECT_EQ(reducer.finish(), 4.0);
+      for (size_t i = 0; i < params.size(); ++i) {
+        const at::Tensor& grad = params[i].second.grad();
+        if (step == 0) first.push_back(grad.data_ptr());
+        EXPECT_EQ(grad.data_ptr(), first[i]) << params[i].first << " step " << step;
+        EXPECT_TRUE(grad.storage().is_alias_of(params[0].second.grad().storage()));
+      }
+      // d/dW sum(W x + b) over 2 rows of ones: 2 per rank, 4 summed, 4 samples.
+      EXPECT_NEAR(params[0].second.grad().max().item<double>(), 1.0, 1e-6);
+      EXPECT_NEAR(params[0].second.grad().min().item<double>(), 1.0, 1e-6);
+    }
+  });
+}
+
+// A parameter that gets no gradient on one rank: both ranks finish their
+// collectives (no hang) and both stop with an error; the rank that skipped
+// it names it. With unused parameters allowed, it counts as zeros.
+TEST(GradientReducer, AParameterWithoutGradientIsAnErrorOnEveryRankNotAHang) {
+  std::vector<std::string> errors(2);
+  std::vector<at::Tensor> allowed(2);
+  testing::run_ranks(2, [&](int rank, StorePtr store) {
+    auto group = CollectiveGroup::gloo(prefixed("data/", store), rank, 2, std::chrono::seconds(30),
+                                       "127.0.0.1");
+    for (bool error_on_unused : {true, false}) {
+      TwoBranch net;
+      auto params = net.params();
+      ReducerOptions options;
+      options.bucket_bytes = options.first_bucket_bytes = 4 * 4 * 4;  // several buckets
+      options.error_on_unused = error_on_unused;
+      GradientReducer reducer(params, *group, options);
+      reducer.begin_microbatch(0, 1, 1);
+      net.forward(torch::ones({1, 8}), /*use_b=*/rank == 0).sum().backward();
+      try {
+        reducer.finish();
+        if (!error_on_unused) allowed[size_t(rank)] = params[2].second.grad().clone();
+      } catch (const RunError& e) {
+        if (error_on_unused) errors[size_t(rank)] = e.what();
+      }
+    }
+  });
+  EXPECT_NE(errors[1].find("rank 1: fc_b.weight, fc_b.bias"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("comm.unused_parameters"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[0].find("1 of 2 ranks got no gradient"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("rank 0: none"), std::string::npos) << errors[0];
+  // Allowed: rank 0's gradient 1 per element, rank 1's zeros, over 2 samples.
+  ASSERT_TRUE(allowed[0].defined() && allowed[1].defined());
+  EXPECT_TRUE(allowed[0].equal(allowed[1]));
+  EXPECT_NEAR(allowed[0].max().item<double>(), 0.5, 1e-6);
 }
 
 }  // namespace
