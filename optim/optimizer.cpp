@@ -3,23 +3,136 @@
 #include <cmath>
 #include <stdexcept>
 
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
+#include <torch/torch.h>
 
 namespace lockstep::optim {
+namespace {
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor>& params,
-                                                        const OptimizerSpec& spec) {
-  if (spec.name == "sgd") {
-    return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(spec.lr)
-                    .momentum(spec.momentum)
-                    .weight_decay(spec.weight_decay));
+// SGD with momentum (dampening 0), weight decay as L2 on the gradient:
+// the update torch.optim.SGD makes, one segment at a time.
+class Sgd final : public Optimizer {
+ public:
+  Sgd(std::vector<Segment> segments, OptimizerSpec spec)
+      : Optimizer(std::move(segments), std::move(spec), 1) {}
+
+  void step() override {
+    torch::NoGradGuard no_grad;
+    for (size_t s = 0; s < segments_.size(); ++s) {
+      at::Tensor& params = segments_[s].params;
+      at::Tensor direction = segments_[s].grads;
+      if (spec_.weight_decay != 0) direction = direction.add(params, spec_.weight_decay);
+      if (spec_.momentum != 0) {
+        at::Tensor& momentum = state_[s][0];
+        if (steps_ == 0) momentum.copy_(direction);  // the first buffer is the gradient itself
+        else momentum.mul_(spec_.momentum).add_(direction);
+        direction = momentum;
+      }
+      params.add_(direction, -lr_);
+    }
+    ++steps_;
   }
-  if (spec.name == "adamw") {
-    return std::make_unique<torch::optim::AdamW>(
-        params, torch::optim::AdamWOptions(spec.lr).weight_decay(spec.weight_decay));
+};
+
+// AdamW (decoupled weight decay, bias-corrected moments, no amsgrad): the
+// update torch.optim.AdamW makes, one segment at a time.
+class AdamW final : public Optimizer {
+ public:
+  AdamW(std::vector<Segment> segments, OptimizerSpec spec)
+      : Optimizer(std::move(segments), std::move(spec), 2) {}
+
+  void step() override {
+    torch::NoGradGuard no_grad;
+    const double step = double(steps_ + 1);
+    const double correction1 = 1 - std::pow(spec_.beta1, step);
+    const double correction2 = 1 - std::pow(spec_.beta2, step);
+    for (size_t s = 0; s < segments_.size(); ++s) {
+      at::Tensor& params = segments_[s].params;
+      const at::Tensor& grads = segments_[s].grads;
+      at::Tensor& mean = state_[s][0];
+      at::Tensor& square = state_[s][1];
+      if (spec_.weight_decay != 0) params.mul_(1 - lr_ * spec_.weight_decay);
+      mean.mul_(spec_.beta1).add_(grads, 1 - spec_.beta1);
+      square.mul_(spec_.beta2).addcmul_(grads, grads, 1 - spec_.beta2);
+      at::Tensor denominator = (square.sqrt() / std::sqrt(correction2)).add_(spec_.eps);
+      params.addcdiv_(mean, denominator, -lr_ / correction1);
+    }
+    ++steps_;
   }
+};
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<Segment> segments, OptimizerSpec spec, int slots_per_segment)
+    : segments_(std::move(segments)), spec_(std::move(spec)), lr_(spec_.lr) {
+  for (size_t s = 0; s < segments_.size(); ++s) {
+    const Segment& segment = segments_[s];
+    if (segment.params.dim() != 1 || !segment.params.is_contiguous() ||
+        !segment.grads.defined() || !segment.grads.sizes().equals(segment.params.sizes()))
+      throw std::invalid_argument("optimizer segment " + std::to_string(s) +
+                                  ": parameters and gradients must be 1-D, contiguous and of "
+                                  "the same length");
+    state_.emplace_back();
+    for (int k = 0; k < slots_per_segment; ++k)
+      state_.back().push_back(torch::zeros_like(segment.params));
+  }
+}
+
+void Optimizer::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("optimizer", c10::IValue(spec_.name));
+  archive.write("steps", c10::IValue(steps_));
+  archive.write("segments", c10::IValue(int64_t(state_.size())));
+  for (size_t s = 0; s < state_.size(); ++s)
+    for (size_t k = 0; k < state_[s].size(); ++k)
+      archive.write("state." + std::to_string(s) + "." + std::to_string(k), state_[s][k]);
+}
+
+void Optimizer::load(torch::serialize::InputArchive& archive) {
+  c10::IValue name, steps, segments;
+  archive.read("optimizer", name);
+  archive.read("steps", steps);
+  archive.read("segments", segments);
+  if (name.toStringRef() != spec_.name)
+    throw std::invalid_argument("optimizer state is for '" + name.toStringRef() + "', this run uses '" +
+                                spec_.name + "' (optim.name)");
+  if (segments.toInt() != int64_t(state_.size()))
+    throw std::invalid_argument("optimizer state has " + std::to_string(segments.toInt()) +
+                                " segments, this model " + std::to_string(state_.size()) +
+                                " (a different model or comm.bucket_mb)");
+  for (size_t s = 0; s < state_.size(); ++s)
+    for (size_t k = 0; k < state_[s].size(); ++k) {
+      const std::string key = "state." + std::to_string(s) + "." + std::to_string(k);
+      at::Tensor loaded;
+      archive.read(key, loaded);
+      if (!loaded.sizes().equals(state_[s][k].sizes()))
+        throw std::invalid_argument("optimizer state " + key + " has " +
+                                    std::to_string(loaded.numel()) + " elements, this model " +
+                                    std::to_string(state_[s][k].numel()));
+      state_[s][k].copy_(loaded);
+    }
+  steps_ = steps.toInt();
+}
+
+std::vector<uint8_t> Optimizer::save_to_bytes() const {
+  torch::serialize::OutputArchive archive;
+  save(archive);
+  std::vector<uint8_t> bytes;
+  archive.save_to([&](const void* data, size_t size) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    bytes.insert(bytes.end(), p, p + size);
+    return size;
+  });
+  return bytes;
+}
+
+void Optimizer::load_from_bytes(const std::vector<uint8_t>& bytes) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  load(archive);
+}
+
+std::unique_ptr<Optimizer> make_optimizer(std::vector<Segment> segments, const OptimizerSpec& spec) {
+  if (spec.name == "sgd") return std::make_unique<Sgd>(std::move(segments), spec);
+  if (spec.name == "adamw") return std::make_unique<AdamW>(std::move(segments), spec);
   throw std::invalid_argument("unknown optimizer '" + spec.name + "' (allowed: sgd, adamw)");
 }
 
@@ -32,10 +145,6 @@ double scheduled_lr(const ScheduleSpec& spec, int64_t step) {
     return 0.5 * spec.base_lr * (1.0 + std::cos(M_PI * progress));
   }
   return spec.base_lr;
-}
-
-void set_lr(torch::optim::Optimizer& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
 }  // namespace lockstep::optim

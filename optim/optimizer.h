@@ -1,10 +1,23 @@
 #pragma once
 // Optimizers and learning-rate schedules. Depends on LibTorch only.
+//
+// An optimizer updates parameters held in flat segments (a contiguous
+// buffer of parameters and the matching buffer of their gradients, laid out
+// alike), so a step costs a handful of operations per segment instead of a
+// few per parameter: what makes a deep model of small layers cheap to step.
+// Its state (momentum, moments, step count) is flat too, and saves and loads
+// bit for bit.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <torch/optim/optimizer.h>
+#include <ATen/core/Tensor.h>
+
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace torch::serialize
 
 namespace lockstep::optim {
 
@@ -13,11 +26,46 @@ struct OptimizerSpec {
   double lr = 0.05;           // peak learning rate
   double momentum = 0.9;      // sgd only
   double weight_decay = 0.0;  // sgd: L2 added to the gradient; adamw: decoupled
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw only
 };
 
-// Builds the optimizer. Throws std::invalid_argument for an unknown name.
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::vector<at::Tensor>& params,
-                                                        const OptimizerSpec& spec);
+// Parameters and their gradients, both 1-D, contiguous, same length; the
+// parameter tensor's elements are the model's (views of the same memory).
+struct Segment {
+  at::Tensor params;
+  at::Tensor grads;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update of every segment from its gradients at the current rate.
+  virtual void step() = 0;
+  void set_lr(double lr) { lr_ = lr; }
+  double lr() const { return lr_; }
+  int64_t steps_taken() const { return steps_; }
+  const std::string& name() const { return spec_.name; }
+
+  // Every state tensor and the step count. load() refuses state from
+  // another kind of optimizer or another layout, naming what differs.
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+  std::vector<uint8_t> save_to_bytes() const;
+  void load_from_bytes(const std::vector<uint8_t>& bytes);
+
+ protected:
+  Optimizer(std::vector<Segment> segments, OptimizerSpec spec, int slots_per_segment);
+  std::vector<Segment> segments_;
+  OptimizerSpec spec_;
+  double lr_;
+  int64_t steps_ = 0;
+  // state_[segment][slot]: flat like the segment (momentum; or the moments).
+  std::vector<std::vector<at::Tensor>> state_;
+};
+
+// Builds the optimizer. Throws std::invalid_argument for an unknown name or
+// a segment whose parameters and gradients do not match.
+std::unique_ptr<Optimizer> make_optimizer(std::vector<Segment> segments, const OptimizerSpec& spec);
 
 struct ScheduleSpec {
   double base_lr = 0.05;
@@ -28,8 +76,5 @@ struct ScheduleSpec {
 
 // Learning rate for the 0-based optimizer step `step`.
 double scheduled_lr(const ScheduleSpec& spec, int64_t step);
-
-// Sets the learning rate of every parameter group.
-void set_lr(torch::optim::Optimizer& optimizer, double lr);
 
 }  // namespace lockstep::optim

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
+#include "optim/optimizer.h"
 #include "runtime/digest.h"
 #include "runtime/errors.h"
 #include "runtime/models.h"
@@ -61,17 +62,6 @@ std::string groups_text(const std::vector<std::vector<int>>& groups) {
   return out;
 }
 
-std::vector<uint8_t> serialize(torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  std::vector<uint8_t> bytes;
-  archive.save_to([&](const void* data, size_t size) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    bytes.insert(bytes.end(), p, p + size);
-    return size;
-  });
-  return bytes;
-}
 
 }  // namespace
 
@@ -128,7 +118,7 @@ void Auditor::start(int64_t step) {
   pending_ = std::move(p);
 }
 
-AuditResult Auditor::finish(torch::optim::Optimizer& optimizer) {
+AuditResult Auditor::finish(optim::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
   Pending p = std::move(*pending_);
   pending_.reset();
@@ -228,21 +218,20 @@ AuditResult Auditor::finish(torch::optim::Optimizer& optimizer) {
   return result;
 }
 
-void Auditor::resync(torch::optim::Optimizer& optimizer) {
+void Auditor::resync(optim::Optimizer& optimizer) {
   for (auto& t : audited_tensors(model_, true)) {
     at::Tensor target = t.tensor.detach();
     control_.collectives().broadcast(target, 0);
   }
-  std::vector<uint8_t> bytes = control_.rank() == 0 ? serialize(optimizer) : std::vector<uint8_t>{};
+  std::vector<uint8_t> bytes = control_.rank() == 0 ? optimizer.save_to_bytes() : std::vector<uint8_t>{};
   at::Tensor size = torch::tensor({int64_t(bytes.size())}, torch::kInt64);
   control_.collectives().broadcast(size, 0);
   at::Tensor payload = torch::zeros({size.item<int64_t>()}, torch::kUInt8);
   if (control_.rank() == 0) std::memcpy(payload.data_ptr(), bytes.data(), bytes.size());
   control_.collectives().broadcast(payload, 0);
   if (control_.rank() != 0) {
-    torch::serialize::InputArchive archive;
-    archive.load_from(reinterpret_cast<const char*>(payload.data_ptr()), size_t(payload.numel()));
-    optimizer.load(archive);
+    const auto* data = payload.data_ptr<uint8_t>();
+    optimizer.load_from_bytes(std::vector<uint8_t>(data, data + payload.numel()));
   }
 }
 

@@ -20,7 +20,7 @@
 #include "runtime/digest.h"
 #include "runtime/run_folder.h"
 
-namespace torch::optim {
+namespace lockstep::optim {
 class Optimizer;
 }
 
@@ -65,10 +65,10 @@ class Auditor {
   bool started() const { return pending_.has_value(); }
   // Waits for the all-gather, compares, logs, writes the evidence and
   // applies audit.policy. Throws RunError under policy fail.
-  AuditResult finish(torch::optim::Optimizer& optimizer);
+  AuditResult finish(optim::Optimizer& optimizer);
 
  private:
-  void resync(torch::optim::Optimizer& optimizer);
+  void resync(optim::Optimizer& optimizer);
 
   struct Pending {
     int64_t step = 0;

@@ -37,7 +37,16 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, at::Tensor>>
       offset += params_[i].second.numel();
     }
     const int64_t tail = b + 1 == buckets_.size() ? kTailSlots : 0;
-    buckets_[b].flat = torch::zeros({offset + tail}, params_.front().second.options());
+    const auto options = params_.front().second.options().requires_grad(false);
+    buckets_[b].flat = torch::zeros({offset + tail}, options);
+    buckets_[b].params = torch::empty({offset}, options);
+    torch::NoGradGuard no_grad;
+    for (size_t i : buckets_[b].members) {
+      at::Tensor& p = params_[i].second;
+      at::Tensor home = buckets_[b].params.narrow(0, places_[i].offset, p.numel()).view(p.sizes());
+      home.copy_(p);
+      p.set_data(home);  // same tensor for the model, new memory
+    }
   }
   bind_gradients(/*keep_values=*/true);
   arrived_.assign(params_.size(), false);
@@ -190,6 +199,13 @@ int64_t GradientReducer::nonfinite_count() const {
     count += (~bucket.flat.isfinite()).sum().item<int64_t>();
   }
   return count;
+}
+
+std::vector<std::pair<at::Tensor, at::Tensor>> GradientReducer::flat_buckets() const {
+  std::vector<std::pair<at::Tensor, at::Tensor>> out;
+  for (const auto& bucket : buckets_)
+    out.emplace_back(bucket.params, bucket.flat.narrow(0, 0, bucket.params.numel()));
+  return out;
 }
 
 std::vector<std::vector<std::string>> GradientReducer::bucket_names() const {

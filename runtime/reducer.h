@@ -11,6 +11,9 @@
 // straight into the buffer the all-reduce sends and the mean is taken in
 // place: no copy of the model's gradients per step. The reducer owns zeroing
 // them (begin_microbatch of microbatch 0); nothing else may replace .grad.
+// The parameters themselves move into flat buffers of the same layout (the
+// model keeps its tensors; their memory is now a slice of a bucket's), so an
+// optimizer can update a whole bucket with one operation (flat_buckets()).
 // A hook after each parameter's gradient accumulator records its arrival;
 // with overlap, on the last microbatch of a step a bucket's all-reduce starts
 // as soon as its last gradient is in, buckets always in index order so every
@@ -74,6 +77,9 @@ class GradientReducer {
   // the flat buckets; an exact count only when there are some).
   int64_t nonfinite_count() const;
 
+  // Per bucket: its parameters and their gradients, 1-D, same layout.
+  std::vector<std::pair<at::Tensor, at::Tensor>> flat_buckets() const;
+
   std::vector<std::vector<std::string>> bucket_names() const;
   int64_t bucket_count() const { return int64_t(buckets_.size()); }
   // Buckets whose all-reduce started during backward in the last step.
@@ -88,6 +94,7 @@ class GradientReducer {
   struct Bucket {
     std::vector<size_t> members;  // indices into params_
     at::Tensor flat;              // members' gradients back to back (+ the tail slots in the last)
+    at::Tensor params;            // members' parameters back to back
     int64_t waiting = 0;          // members without a gradient yet in this microbatch
     bool launched = false;
     std::vector<at::Tensor> io;   // what the all-reduce works on

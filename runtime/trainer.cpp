@@ -103,10 +103,8 @@ TrainingResult train(TrainerParts parts) {
   TrainingResult result;
 
   std::vector<std::pair<std::string, at::Tensor>> named;
-  std::vector<at::Tensor> params;
   for (const auto& item : model.named_parameters()) {
     named.emplace_back(item.key(), item.value());
-    params.push_back(item.value());
   }
   ReducerOptions reducer_options;
   reducer_options.bucket_bytes = std::max<int64_t>(1, int64_t(config.comm.bucket_mb * (1 << 20)));
@@ -117,10 +115,19 @@ TrainingResult train(TrainerParts parts) {
                          "comm.bucket_mb = " + fmt::format("{:g}", config.comm.bucket_mb) +
                              ", first bucket at most 1 MiB, reverse registration order, " +
                              (config.comm.overlap ? "all-reduce started during backward"
-                                                  : "all-reduce after backward (comm.overlap = false)"));
+                                                  : "all-reduce after backward (comm.overlap = false)") +
+                             "; parameters and gradients live in the buckets, the optimizer "
+                             "updates one bucket per operation");
 
-  auto optimizer = optim::make_optimizer(
-      params, {config.optim.name, config.optim.lr, config.optim.momentum, config.optim.weight_decay});
+  std::vector<optim::Segment> segments;
+  for (auto& [flat_params, flat_grads] : reducer.flat_buckets())
+    segments.push_back({flat_params, flat_grads});
+  optim::OptimizerSpec optimizer_spec;
+  optimizer_spec.name = config.optim.name;
+  optimizer_spec.lr = config.optim.lr;
+  optimizer_spec.momentum = config.optim.momentum;
+  optimizer_spec.weight_decay = config.optim.weight_decay;
+  auto optimizer = optim::make_optimizer(std::move(segments), optimizer_spec);
   BatchStream batches(parts.data.train, parts.rank, parts.world_size, uint64_t(config.job.seed),
                       config.data.batch_size, int(config.data.prefetch));
   const int64_t steps = total_steps(config, batches.batches_per_epoch());
@@ -164,7 +171,7 @@ TrainingResult train(TrainerParts parts) {
   for (int64_t step = 0; step < steps; ++step) {
     const auto step_start = PhaseTimer::Clock::now();
     const double lr = optim::scheduled_lr(schedule, step);
-    optim::set_lr(*optimizer, lr);  // the reducer zeroes the gradients (its buckets)
+    optimizer->set_lr(lr);  // the reducer zeroes the gradients (its buckets)
 
     double local_valid = 0, local_loss_sum = 0;
     for (int64_t micro = 0; micro < config.train.accum_steps; ++micro) {
@@ -229,6 +236,7 @@ TrainingResult train(TrainerParts parts) {
       apply_perturbation(faults, parts.rank, step + 1, named);
     }
     audit_after(step + 1);
+    if (step == 0) parts.events.write({{"event", "first_step"}, {"step", 1}});  // start-up's end
 
     const double step_seconds =
         std::chrono::duration<double>(PhaseTimer::Clock::now() - step_start).count();

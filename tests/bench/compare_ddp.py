@@ -6,7 +6,8 @@ Interleaved repetitions (lockstep, then DDP, per model), medians and spread.
 Both sides report the median wall time of a step after 10 warm-up steps.
 Also: the cnn with comm.overlap off (how much all-reduce the overlap hides),
 the share of gradient bytes whose all-reduce finished before backward
-ended, the data wait share, start-up and peak memory per rank, and the cnn on 1 rank
+ended, the data wait share, start-up (launch of the command to the end of
+the first step, 2 local ranks, both sides) and peak memory per rank, and the cnn on 1 rank
 against 2 (on a 2-core machine two ranks share the cores: this figure is for
 honesty, not a scaling claim). Prints a table to stderr and JSON to stdout.
 Usage: tests/bench/compare_ddp.py BUILD_DIR [repetitions]
@@ -18,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
@@ -34,24 +36,28 @@ def lockstep(build, model, nproc=2, extra=()):
                         f"job.log_every={steps // 2}", "audit.every=0", "eval.every=0",
                         f"job.run_dir={runs}", *extra):
             command += ["--set", setting]
+        launched = time.time()
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
         folder = glob.glob(runs + "/*")[0]
         events = [json.loads(line) for line in open(folder + "/events-rank0.jsonl")]
         end = [e for e in events if e["event"] == "end"][0]
+        first_step = [e for e in events if e["event"] == "first_step"][0]
         phases = json.load(open(folder + "/manifest.json"))["phases"]
         return {"step_s": end["metrics"]["step_s_median"],
                 "comm_wait_per_step_s": phases["comm_wait"] / steps,
                 "data_share": phases["data"] / (phases["data"] + phases["forward_backward"] +
                                                 phases["comm_wait"] + phases["optimizer"]),
-                "startup_s": phases["startup"], "peak_rss_mb": end["peak_rss_mb"],
+                "startup_s": first_step["time"] - launched, "peak_rss_mb": end["peak_rss_mb"],
                 "hidden_share": end["metrics"]["allreduce_hidden_share"]}
 
 
 def ddp(model):
+    launched = time.time()
     out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "ddp_reference.py"), "--model", model,
                           "--steps", str(STEPS[model] // 2)],
                          check=True, capture_output=True, text=True, env=ENV).stdout
-    return json.loads(out.strip().splitlines()[-1])["step_s_median"]
+    result = json.loads(out.strip().splitlines()[-1])
+    return result["step_s_median"], result["first_step_unix_s"] - launched
 
 
 def summary(values):
@@ -64,11 +70,11 @@ def main():
     repetitions = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     samples = {key: [] for key in ("ratio_mlp", "ratio_cnn", "ratio_deep_mlp", "ls_mlp", "ls_cnn",
                                    "ls_deep_mlp", "ddp_mlp", "ddp_cnn", "ddp_deep_mlp", "hidden", "wait_saved",
-                                   "data_share", "startup", "rss", "one_vs_two")}
+                                   "data_share", "startup", "ddp_startup", "rss", "one_vs_two")}
     for rep in range(repetitions):
         for model in ("mlp", "cnn", "deep_mlp"):
             ours = lockstep(build, model)
-            theirs = ddp(model)
+            theirs, theirs_startup = ddp(model)
             samples["ls_" + model].append(ours["step_s"] * 1000)
             samples["ddp_" + model].append(theirs * 1000)
             samples["ratio_" + model].append(ours["step_s"] / theirs)
@@ -78,6 +84,7 @@ def main():
                 samples["hidden"].append(ours["hidden_share"])
                 samples["data_share"].append(ours["data_share"])
                 samples["startup"].append(ours["startup_s"])
+                samples["ddp_startup"].append(theirs_startup)
                 samples["rss"].append(ours["peak_rss_mb"])
                 one = lockstep(build, "cnn", nproc=1)
                 samples["one_vs_two"].append((128 / ours["step_s"]) / (64 / one["step_s"]))
@@ -93,7 +100,8 @@ def main():
         "cnn_allreduce_bytes_done_before_backward_ended": summary(samples["hidden"]),
         "cnn_comm_wait_saved_by_overlap": summary(samples["wait_saved"]),
         "cnn_data_wait_share": summary(samples["data_share"]),
-        "cnn_startup_s_to_first_step": summary(samples["startup"]),
+        "cnn_startup_s_launch_to_first_step": {"lockstep": summary(samples["startup"]),
+                                               "ddp": summary(samples["ddp_startup"])},
         "cnn_peak_rss_mb_rank0": summary(samples["rss"]),
         "cnn_throughput_2_ranks_over_1": summary(samples["one_vs_two"]),
     }
@@ -102,6 +110,16 @@ def main():
         print(f"{m:9s} lockstep {r['lockstep']['median']:7.2f} ms  DDP {r['ddp']['median']:7.2f} ms  "
               f"ratio {r['ratio']['median']:.3f} [{r['ratio']['min']:.3f}, {r['ratio']['max']:.3f}]",
               file=sys.stderr)
+    def line(label, figure, scale=1.0, unit=""):
+        print(f"{label:44s} {figure['median'] * scale:8.3f}{unit} [{figure['min'] * scale:.3f}, "
+              f"{figure['max'] * scale:.3f}]", file=sys.stderr)
+    line("cnn: bytes reduced before backward ended", result["cnn_allreduce_bytes_done_before_backward_ended"])
+    line("cnn: comm wait saved by overlap", result["cnn_comm_wait_saved_by_overlap"])
+    line("cnn: data wait share of step", result["cnn_data_wait_share"])
+    line("cnn: launch to first step, lockstep (s)", result["cnn_startup_s_launch_to_first_step"]["lockstep"])
+    line("cnn: launch to first step, DDP (s)", result["cnn_startup_s_launch_to_first_step"]["ddp"])
+    line("cnn: peak RSS rank 0 (MiB)", result["cnn_peak_rss_mb_rank0"])
+    line("cnn: throughput 2 ranks / 1 rank", result["cnn_throughput_2_ranks_over_1"])
     print(json.dumps(result, indent=2))
 
 

@@ -74,6 +74,7 @@ def rank_main(rank, args, port, results):
     images = torch.randn(args.batch * 8, 1, 28, 28)
     labels = torch.randint(0, 10, (args.batch * 8,))
     times = []
+    first_step = None
     for step in range(args.warmup + args.steps):
         start = time.perf_counter()
         rows = torch.randint(0, images.shape[0], (args.batch,))
@@ -81,10 +82,12 @@ def rank_main(rank, args, port, results):
         optimizer.zero_grad()
         F.cross_entropy(model(x), y).backward()
         optimizer.step()
+        if step == 0:
+            first_step = time.time()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
     if rank == 0:
-        results.put(statistics.median(times))
+        results.put((statistics.median(times), first_step))
     dist.destroy_process_group()
 
 
@@ -104,9 +107,10 @@ def main():
     context = mp.get_context("spawn")
     results = context.Queue()
     mp.spawn(rank_main, args=(args, port, results), nprocs=args.ranks, join=True)
+    median, first_step = results.get()
     print(json.dumps({"peer": "pytorch-ddp", "torch": torch.__version__, "model": args.model,
                       "ranks": args.ranks, "batch_per_rank": args.batch, "threads": args.threads,
-                      "steps": args.steps, "step_s_median": results.get()}))
+                      "steps": args.steps, "step_s_median": median, "first_step_unix_s": first_step}))
 
 
 if __name__ == "__main__":

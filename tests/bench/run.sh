@@ -10,4 +10,4 @@ echo "== lockstep vs PyTorch DDP" >&2
 echo "== audit overhead" >&2
 "$build/tests/bench/audit_overhead" "$repetitions"
 echo "== gradient-sync efficiency" >&2
-"$build/tests/bench/sync_efficiency" 200
+"$build/tests/bench/sync_efficiency" 300
