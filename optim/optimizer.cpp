@@ -96,8 +96,8 @@ void Optimizer::load(torch::serialize::InputArchive& archive) {
                                 spec_.name + "' (optim.name)");
   if (segments.toInt() != int64_t(state_.size()))
     throw std::invalid_argument("optimizer state has " + std::to_string(segments.toInt()) +
-                                " segments, this model " + std::to_string(state_.size()) +
-                                " (a different model or comm.bucket_mb)");
+                                " segments, this run " + std::to_string(state_.size()) +
+                                " (saved by a different version or layout)");
   for (size_t s = 0; s < state_.size(); ++s)
     for (size_t k = 0; k < state_[s].size(); ++k) {
       const std::string key = "state." + std::to_string(s) + "." + std::to_string(k);

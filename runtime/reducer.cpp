@@ -30,20 +30,23 @@ GradientReducer::GradientReducer(std::vector<std::pair<std::string, at::Tensor>>
   }
   if (!current.members.empty()) buckets_.push_back(std::move(current));
   places_.resize(params_.size());
+  int64_t offset = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    int64_t offset = 0;
+    buckets_[b].start = offset;
     for (size_t i : buckets_[b].members) {
       places_[i] = {b, offset};
       offset += params_[i].second.numel();
     }
-    const int64_t tail = b + 1 == buckets_.size() ? kTailSlots : 0;
-    const auto options = params_.front().second.options().requires_grad(false);
-    buckets_[b].flat = torch::zeros({offset + tail}, options);
-    buckets_[b].params = torch::empty({offset}, options);
+    buckets_[b].length = offset - buckets_[b].start;
+  }
+  const auto tensor_options = params_.front().second.options().requires_grad(false);
+  gradients_ = torch::zeros({offset + kTailSlots}, tensor_options);
+  parameters_ = torch::empty({offset}, tensor_options);
+  {
     torch::NoGradGuard no_grad;
-    for (size_t i : buckets_[b].members) {
+    for (size_t i = 0; i < params_.size(); ++i) {
       at::Tensor& p = params_[i].second;
-      at::Tensor home = buckets_[b].params.narrow(0, places_[i].offset, p.numel()).view(p.sizes());
+      at::Tensor home = parameters_.narrow(0, places_[i].offset, p.numel()).view(p.sizes());
       home.copy_(p);
       p.set_data(home);  // same tensor for the model, new memory
     }
@@ -71,8 +74,11 @@ GradientReducer::~GradientReducer() {
 
 at::Tensor GradientReducer::slot_of(size_t index) const {
   const at::Tensor& p = params_[index].second;
-  const Place& place = places_[index];
-  return buckets_[place.bucket].flat.narrow(0, place.offset, p.numel()).view(p.sizes());
+  return gradients_.narrow(0, places_[index].offset, p.numel()).view(p.sizes());
+}
+
+at::Tensor GradientReducer::tail_slot(int64_t slot) const {
+  return gradients_[gradients_.numel() - kTailSlots + slot];
 }
 
 void GradientReducer::bind_gradients(bool keep_values) {
@@ -90,16 +96,17 @@ void GradientReducer::bind_gradients(bool keep_values) {
 }
 
 void GradientReducer::start_step(bool zero_gradients) {
+  if (zero_gradients) gradients_.zero_();
   for (auto& bucket : buckets_) {
-    if (zero_gradients) bucket.flat.zero_();
     bucket.launched = false;
     bucket.work.reset();
   }
+  io_.clear();
   bind_gradients(/*keep_values=*/!zero_gradients);
-  at::Tensor& tail = buckets_.back().flat;
-  tail[tail.numel() - kTailSlots + kRanksMissingGradients].fill_(0.0);
+  tail_slot(kRanksMissingGradients).fill_(0.0);
   next_launch_ = 0;
   launched_early_ = 0;
+  collectives_ = 0;
   late_gradient_.clear();
   std::fill(ever_arrived_.begin(), ever_arrived_.end(), false);
 }
@@ -109,8 +116,7 @@ void GradientReducer::begin_microbatch(int64_t micro, int64_t count, double loca
   std::fill(arrived_.begin(), arrived_.end(), false);
   for (auto& bucket : buckets_) bucket.waiting = int64_t(bucket.members.size());
   last_microbatch_ = micro + 1 == count;
-  at::Tensor& tail = buckets_.back().flat;
-  tail[tail.numel() - kTailSlots + kValidCount].fill_(local_count);
+  tail_slot(kValidCount).fill_(local_count);
 }
 
 void GradientReducer::on_gradient(size_t index) {
@@ -122,15 +128,26 @@ void GradientReducer::on_gradient(size_t index) {
   if (--bucket.waiting == 0 && last_microbatch_ && options_.overlap) launch_ready();
 }
 
-void GradientReducer::launch(Bucket& bucket) {
-  bucket.io = {bucket.flat};
-  bucket.work = group_.allreduce_sum(bucket.io);
-  bucket.launched = true;
+void GradientReducer::launch(size_t first, size_t end) {
+  const int64_t start = buckets_[first].start;
+  const int64_t stop = end == buckets_.size() ? gradients_.numel()  // with the tail slots
+                                              : buckets_[end - 1].start + buckets_[end - 1].length;
+  io_.push_back(gradients_.narrow(0, start, stop - start));
+  std::vector<at::Tensor> span{io_.back()};
+  PendingCollective work = group_.allreduce_sum(span);
+  for (size_t b = first; b < end; ++b) {
+    buckets_[b].work = work;
+    buckets_[b].launched = true;
+  }
+  ++collectives_;
+  next_launch_ = end;
 }
 
 void GradientReducer::launch_ready() {
+  // One all-reduce per bucket: which buckets are ready together depends on
+  // this rank's graph, and every rank must issue the same collectives.
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) {
-    launch(buckets_[next_launch_++]);
+    launch(next_launch_, next_launch_ + 1);
     ++launched_early_;
   }
 }
@@ -146,20 +163,21 @@ double GradientReducer::finish() {
   const std::string missing = missing_gradients();
   // The last bucket can only have started during backward if every
   // gradient arrived (buckets start in order), so the flag is still unsent.
-  at::Tensor& tail = buckets_.back().flat;
-  if (!missing.empty()) tail[tail.numel() - kTailSlots + kRanksMissingGradients].fill_(1.0);
-  for (size_t b = 0; b < next_launch_; ++b) {  // finished before backward ended: hidden
-    const int64_t bytes = buckets_[b].flat.numel() * int64_t(buckets_[b].flat.element_size());
-    if (buckets_[b].work->done()) bytes_hidden_ += bytes;
+  if (!missing.empty()) tail_slot(kRanksMissingGradients).fill_(1.0);
+  const int64_t element = int64_t(gradients_.element_size());
+  for (size_t b = 0; b < next_launch_; ++b)  // finished before backward ended: hidden
+    if (buckets_[b].work->done()) bytes_hidden_ += buckets_[b].length * element;
+  if (!options_.overlap) {
+    launch(0, buckets_.size());  // nothing started during backward on any rank: all as one
+  } else {
+    while (next_launch_ < buckets_.size()) launch(next_launch_, next_launch_ + 1);
   }
-  while (next_launch_ < buckets_.size()) launch(buckets_[next_launch_++]);
   for (auto& bucket : buckets_) {
-    bytes_reduced_ += bucket.flat.numel() * int64_t(bucket.flat.element_size());
+    bytes_reduced_ += bucket.length * element;
     bucket.work->wait();
   }
-  const int64_t tail_start = tail.numel() - kTailSlots;
-  const double global_count = tail[tail_start + kValidCount].item<double>();
-  const auto ranks_missing = int64_t(tail[tail_start + kRanksMissingGradients].item<double>());
+  const double global_count = tail_slot(kValidCount).item<double>();
+  const auto ranks_missing = int64_t(tail_slot(kRanksMissingGradients).item<double>());
 
   if (!late_gradient_.empty())
     throw RunError("the gradient of " + late_gradient_ + " was accumulated after its bucket's " +
@@ -178,7 +196,7 @@ double GradientReducer::finish() {
                  missing);
   }
   const double scale = global_count > 0 ? 1.0 / global_count : 1.0;
-  for (Bucket& bucket : buckets_) bucket.flat.mul_(scale);  // the mean, in place in every .grad
+  gradients_.mul_(scale);  // the mean, in place in every .grad
   return global_count;
 }
 
@@ -187,25 +205,18 @@ double GradientReducer::allreduce_mean(double local_count) {
   std::fill(arrived_.begin(), arrived_.end(), true);
   std::fill(ever_arrived_.begin(), ever_arrived_.end(), true);
   last_microbatch_ = true;
-  at::Tensor& tail = buckets_.back().flat;
-  tail[tail.numel() - kTailSlots + kValidCount].fill_(local_count);
+  tail_slot(kValidCount).fill_(local_count);
   return finish();
 }
 
 int64_t GradientReducer::nonfinite_count() const {
-  int64_t count = 0;
-  for (const auto& bucket : buckets_) {
-    if (std::isfinite(bucket.flat.sum().item<double>())) continue;  // the common case: one pass
-    count += (~bucket.flat.isfinite()).sum().item<int64_t>();
-  }
-  return count;
+  at::Tensor values = gradients_.narrow(0, 0, parameters_.numel());
+  if (std::isfinite(values.sum().item<double>())) return 0;  // the common case: one pass
+  return (~values.isfinite()).sum().item<int64_t>();
 }
 
-std::vector<std::pair<at::Tensor, at::Tensor>> GradientReducer::flat_buckets() const {
-  std::vector<std::pair<at::Tensor, at::Tensor>> out;
-  for (const auto& bucket : buckets_)
-    out.emplace_back(bucket.params, bucket.flat.narrow(0, 0, bucket.params.numel()));
-  return out;
+std::pair<at::Tensor, at::Tensor> GradientReducer::flat() const {
+  return {parameters_, gradients_.narrow(0, 0, parameters_.numel())};
 }
 
 std::vector<std::vector<std::string>> GradientReducer::bucket_names() const {

@@ -11,9 +11,11 @@
 // straight into the buffer the all-reduce sends and the mean is taken in
 // place: no copy of the model's gradients per step. The reducer owns zeroing
 // them (begin_microbatch of microbatch 0); nothing else may replace .grad.
-// The parameters themselves move into flat buffers of the same layout (the
-// model keeps its tensors; their memory is now a slice of a bucket's), so an
-// optimizer can update a whole bucket with one operation (flat_buckets()).
+// All buckets are consecutive slices of one buffer; without overlap they go
+// out as one all-reduce (on a machine where each collective costs a wake-up,
+// fewer is faster), with overlap one per bucket on every rank. The parameters themselves move into one buffer of the same layout
+// (the model keeps its tensors; their memory is now a slice of it), so an
+// optimizer updates the whole model with a few operations (flat()).
 // A hook after each parameter's gradient accumulator records its arrival;
 // with overlap, on the last microbatch of a step a bucket's all-reduce starts
 // as soon as its last gradient is in, buckets always in index order so every
@@ -77,13 +79,15 @@ class GradientReducer {
   // the flat buckets; an exact count only when there are some).
   int64_t nonfinite_count() const;
 
-  // Per bucket: its parameters and their gradients, 1-D, same layout.
-  std::vector<std::pair<at::Tensor, at::Tensor>> flat_buckets() const;
+  // Every parameter and every gradient, 1-D, in the same layout.
+  std::pair<at::Tensor, at::Tensor> flat() const;
 
   std::vector<std::vector<std::string>> bucket_names() const;
   int64_t bucket_count() const { return int64_t(buckets_.size()); }
   // Buckets whose all-reduce started during backward in the last step.
   int64_t launched_during_backward() const { return launched_early_; }
+  // All-reduces issued in the last step (ready neighbours share one).
+  int64_t collectives_last_step() const { return collectives_; }
   // Over all steps so far: the share of gradient bytes whose all-reduce had
   // already finished when backward ended (fully hidden behind it).
   double hidden_share() const {
@@ -93,16 +97,15 @@ class GradientReducer {
  private:
   struct Bucket {
     std::vector<size_t> members;  // indices into params_
-    at::Tensor flat;              // members' gradients back to back (+ the tail slots in the last)
-    at::Tensor params;            // members' parameters back to back
+    int64_t start = 0;            // first element in gradients_ / parameters_
+    int64_t length = 0;           // members' elements (the last bucket's span adds the tail)
     int64_t waiting = 0;          // members without a gradient yet in this microbatch
     bool launched = false;
-    std::vector<at::Tensor> io;   // what the all-reduce works on
-    std::optional<PendingCollective> work;
+    std::optional<PendingCollective> work;  // shared with the neighbours sent along
   };
   struct Place {
     size_t bucket = 0;
-    int64_t offset = 0;
+    int64_t offset = 0;  // in gradients_ / parameters_
   };
   // Slots after the last gradient of the last bucket, summed over ranks.
   enum TailSlot : int64_t { kValidCount = 0, kRanksMissingGradients = 1, kTailSlots = 2 };
@@ -112,7 +115,8 @@ class GradientReducer {
   void bind_gradients(bool keep_values);
   void on_gradient(size_t index);
   void launch_ready();
-  void launch(Bucket& bucket);
+  void launch(size_t first, size_t end);  // buckets [first, end) as one all-reduce
+  at::Tensor tail_slot(int64_t slot) const;
   std::string missing_gradients() const;
 
   std::vector<std::pair<std::string, at::Tensor>> params_;
@@ -120,6 +124,9 @@ class GradientReducer {
   ReducerOptions options_;
   std::vector<Bucket> buckets_;
   std::vector<Place> places_;
+  at::Tensor gradients_;    // every bucket, in bucket order, then the tail slots
+  at::Tensor parameters_;   // the same layout, without the tail
+  std::vector<at::Tensor> io_;  // spans in flight this step (kept alive until finish)
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
   std::vector<bool> arrived_;       // per parameter, this microbatch
@@ -128,6 +135,7 @@ class GradientReducer {
   size_t next_launch_ = 0;
   bool last_microbatch_ = true;
   int64_t launched_early_ = 0;
+  int64_t collectives_ = 0;
   bool reported_unused_ = false;
   int64_t bytes_reduced_ = 0;
   int64_t bytes_hidden_ = 0;

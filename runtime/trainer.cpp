@@ -116,12 +116,11 @@ TrainingResult train(TrainerParts parts) {
                              ", first bucket at most 1 MiB, reverse registration order, " +
                              (config.comm.overlap ? "all-reduce started during backward"
                                                   : "all-reduce after backward (comm.overlap = false)") +
-                             "; parameters and gradients live in the buckets, the optimizer "
-                             "updates one bucket per operation");
+                             "; parameters and gradients live in one buffer each, the "
+                             "optimizer updates all of them per operation");
 
-  std::vector<optim::Segment> segments;
-  for (auto& [flat_params, flat_grads] : reducer.flat_buckets())
-    segments.push_back({flat_params, flat_grads});
+  auto [flat_params, flat_grads] = reducer.flat();
+  std::vector<optim::Segment> segments{{flat_params, flat_grads}};
   optim::OptimizerSpec optimizer_spec;
   optimizer_spec.name = config.optim.name;
   optimizer_spec.lr = config.optim.lr;

@@ -28,9 +28,11 @@ TEST(GradientReducer, MeanOverTheGlobalCountInSeveralBuckets) {
     ReducerOptions options;
     options.bucket_bytes = 2 * 300 * 4;  // two parameters per bucket
     options.first_bucket_bytes = 300 * 4;
+    options.overlap = false;
     GradientReducer reducer(params, *group, options);
     double global = reducer.allreduce_mean(counts[size_t(rank)]);
     EXPECT_EQ(global, 8);
+    EXPECT_EQ(reducer.collectives_last_step(), 1);  // three buckets, all ready: one all-reduce
     buckets[size_t(rank)] = reducer.bucket_count();
     for (auto& [name, p] : params) results[size_t(rank)].push_back(p.grad().clone());
   });

@@ -1,0 +1,127 @@
+#include "runtime/checkpoint_store.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "runtime/errors.h"
+#include "runtime/run_folder.h"
+
+namespace lockstep {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kIndex = "index.json";
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw RunError("cannot read " + path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+}  // namespace
+
+std::string checksum_hex(const std::string& bytes) {
+  return fmt::format("{:016x}", XXH3_64bits(bytes.data(), bytes.size()));
+}
+
+CheckpointStore::CheckpointStore(std::string folder) : folder_(std::move(folder)) {}
+
+std::string CheckpointStore::step_folder(int64_t step) const {
+  return folder_ + "/" + fmt::format("step-{:09d}", step);
+}
+
+void CheckpointStore::write_file(int64_t step, const std::string& name,
+                                 const std::string& bytes) const {
+  fs::create_directories(step_folder(step));
+  write_file_atomically(step_folder(step) + "/" + name, bytes);
+}
+
+void CheckpointStore::seal(int64_t step, const nlohmann::json& meta, int keep) const {
+  const std::string folder = step_folder(step);
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    const std::string name = entry.path().filename().string();
+    if (name == kIndex || name.find(".tmp.") != std::string::npos) continue;
+    const std::string bytes = read_bytes(entry.path().string());
+    files[name] = {{"bytes", bytes.size()}, {"xxh3", checksum_hex(bytes)}};
+  }
+  write_file_atomically(folder + "/" + kIndex,
+                        nlohmann::json{{"step", step}, {"files", files}, {"meta", meta}}.dump(2));
+  // Only now, with a newer complete checkpoint on disk, may older ones go.
+  std::vector<int64_t> complete;
+  for (int64_t s : steps())
+    if (fs::exists(step_folder(s) + "/" + kIndex)) complete.push_back(s);
+  const size_t kept = size_t(std::max(1, keep));
+  const int64_t oldest_kept = complete[complete.size() > kept ? complete.size() - kept : 0];
+  for (int64_t s : steps())
+    if (s < oldest_kept) fs::remove_all(step_folder(s));
+}
+
+std::vector<int64_t> CheckpointStore::steps() const {
+  std::vector<int64_t> out;
+  if (!fs::is_directory(folder_)) return out;
+  for (const auto& entry : fs::directory_iterator(folder_)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || !entry.is_directory()) continue;
+    try {
+      out.push_back(std::stoll(name.substr(5)));
+    } catch (const std::exception&) {
+      continue;  // not one of ours
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string CheckpointStore::verify(int64_t step, nlohmann::json* index) const {
+  const std::string folder = step_folder(step);
+  const std::string index_path = folder + "/" + kIndex;
+  if (!fs::exists(index_path)) return index_path + ": missing (the checkpoint was never completed)";
+  try {
+    *index = nlohmann::json::parse(read_bytes(index_path));
+    for (const auto& [name, expected] : (*index)["files"].items()) {
+      const std::string path = folder + "/" + name;
+      if (!fs::exists(path)) return path + ": missing";
+      const std::string bytes = read_bytes(path);
+      if (bytes.size() != expected["bytes"].get<size_t>())
+        return path + ": " + std::to_string(bytes.size()) + " bytes, the index says " +
+               std::to_string(expected["bytes"].get<size_t>()) + " (truncated?)";
+      if (checksum_hex(bytes) != expected["xxh3"].get<std::string>())
+        return path + ": checksum " + checksum_hex(bytes) + ", the index says " +
+               expected["xxh3"].get<std::string>() + " (the file was changed or corrupted)";
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return index_path + ": not a valid index (" + e.what() + ")";
+  }
+  return "";
+}
+
+std::optional<FoundCheckpoint> CheckpointStore::newest_valid(std::vector<std::string>* rejected) const {
+  std::vector<int64_t> all = steps();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    nlohmann::json index;
+    const std::string problem = verify(*it, &index);
+    if (problem.empty()) return FoundCheckpoint{*it, step_folder(*it), index["meta"]};
+    if (rejected) rejected->push_back("checkpoint at step " + std::to_string(*it) + ": " + problem);
+  }
+  return std::nullopt;
+}
+
+std::string CheckpointStore::read_file(const FoundCheckpoint& found, const std::string& name) const {
+  nlohmann::json index;
+  const std::string problem = verify(found.step, &index);
+  if (!problem.empty()) throw RunError("checkpoint at step " + std::to_string(found.step) + ": " + problem);
+  if (!index["files"].contains(name))
+    throw RunError("checkpoint at step " + std::to_string(found.step) + " has no file " + name);
+  return read_bytes(found.folder + "/" + name);
+}
+
+}  // namespace lockstep
