@@ -95,9 +95,25 @@ int torchrun_worker(const std::string& job_file, const std::vector<std::string>&
 
 }  // namespace
 
-int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc) {
+// --resume RUN_DIR: continue in that run folder (its id, under its parent),
+// as overrides every worker receives. "" without --resume.
+std::string resumed_run_id(const std::string& resume_dir, std::vector<std::string>& overrides) {
+  if (resume_dir.empty()) return "";
+  std::filesystem::path dir = std::filesystem::absolute(resume_dir).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();  // a trailing slash
+  if (!std::filesystem::is_directory(dir / "checkpoints"))
+    throw InputError("--resume " + resume_dir + ": no checkpoints folder in it (give a run folder, "
+                     "runs/<run-id>, of a job that ran with checkpoint.every > 0)");
+  overrides.push_back("job.run_dir=" + dir.parent_path().string());
+  overrides.push_back("checkpoint.resume=" + dir.string());
+  return dir.filename().string();
+}
+
+int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc,
+                const std::string& resume_dir) {
   std::vector<std::string> passed_on = overrides;
-  JobConfig config = checked_job(job_file, overrides);
+  const std::string resumed_id = resumed_run_id(resume_dir, passed_on);
+  JobConfig config = checked_job(job_file, passed_on);
   if (nproc > 0 && nproc != config.job.world_size) {
     spdlog::info("Decision: job.world_size = {} (from --nproc; the job file says {})", nproc,
                  config.job.world_size);
@@ -106,7 +122,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   }
   validate_data_files(config.data);  // a truncated file is bad input before anything starts
 
-  const std::string run_id = new_run_id(config.job.name);
+  const std::string run_id = resumed_id.empty() ? new_run_id(config.job.name) : resumed_id;
   CoordinatorOptions coordinator_options;
   coordinator_options.listen = "127.0.0.1:0";
   const char* given_token = std::getenv("LOCKSTEP_TOKEN");
@@ -137,8 +153,11 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
 
 int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,
                         const std::string& listen, const std::string& token_file,
-                        const std::string& tls_cert, const std::string& tls_key) {
-  JobConfig config = checked_job(job_file, overrides);
+                        const std::string& tls_cert, const std::string& tls_key,
+                        const std::string& resume_dir) {
+  std::vector<std::string> passed_on = overrides;
+  const std::string resumed_id = resumed_run_id(resume_dir, passed_on);
+  JobConfig config = checked_job(job_file, passed_on);
   if (tls_cert.empty() != tls_key.empty())
     throw InputError("--tls-cert and --tls-key go together: give both, or neither for plaintext");
   CoordinatorOptions options;
@@ -159,7 +178,8 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  CoordinatorServer coordinator(options, job_options(config, new_run_id(config.job.name)));
+  CoordinatorServer coordinator(
+      options, job_options(config, resumed_id.empty() ? new_run_id(config.job.name) : resumed_id));
   coordinator.start();
   std::thread([&coordinator, signals] {
     int received = 0;

@@ -14,10 +14,12 @@ struct ConnectionFlags {
   std::string tls_ca;       // CA to verify the coordinator's certificate
 };
 
-int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc);
+int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc,
+                const std::string& resume_dir);
 int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,
                         const std::string& listen, const std::string& token_file,
-                        const std::string& tls_cert, const std::string& tls_key);
+                        const std::string& tls_cert, const std::string& tls_key,
+                        const std::string& resume_dir);
 int worker_command(const std::string& job_file, const std::vector<std::string>& overrides,
                    const ConnectionFlags& connection, std::chrono::steady_clock::time_point start);
 int status_command(const ConnectionFlags& connection, bool json);

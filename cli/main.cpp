@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"lockstep " LOCKSTEP_VERSION ": data-parallel training that never fails silently"};
   app.require_subcommand(1);
-  std::string job_file, listen = "127.0.0.1:50051", token_file, tls_cert, tls_key;
+  std::string job_file, listen = "127.0.0.1:50051", token_file, tls_cert, tls_key, resume_dir;
   std::vector<std::string> overrides;
   ConnectionFlags connection;
   int nproc = 0;
@@ -35,6 +35,8 @@ int main(int argc, char** argv) {
   run->add_option("--nproc", nproc, "workers to start (default: job.world_size)")
       ->check(CLI::Range(1, 4096));
   run->add_option("--set", overrides, "override a job key: --set optim.lr=0.1");
+  run->add_option("--resume", resume_dir,
+                  "continue the run in RUN_DIR from its newest valid checkpoint");
 
   auto* coordinator = app.add_subcommand("coordinator", "serve one job to workers that join");
   coordinator->add_option("job", job_file, "job file (TOML)")->required();
@@ -44,6 +46,8 @@ int main(int argc, char** argv) {
                           "file holding the job token (else LOCKSTEP_TOKEN)");
   coordinator->add_option("--tls-cert", tls_cert, "PEM certificate: serve TLS");
   coordinator->add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
+  coordinator->add_option("--resume", resume_dir,
+                          "continue the run in RUN_DIR from its newest valid checkpoint");
 
   auto* worker = app.add_subcommand(
       "worker", "run one rank: join --coordinator, or rendezvous from torchrun's variables "
@@ -71,9 +75,10 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (run->parsed()) return run_command(job_file, overrides, nproc);
+    if (run->parsed()) return run_command(job_file, overrides, nproc, resume_dir);
     if (coordinator->parsed())
-      return coordinator_command(job_file, overrides, listen, token_file, tls_cert, tls_key);
+      return coordinator_command(job_file, overrides, listen, token_file, tls_cert, tls_key,
+                                 resume_dir);
     if (status->parsed()) return status_command(connection, json);
     if (audit->parsed()) return audit_command(run_dir, json);
     return worker_command(job_file, overrides, connection, start);

@@ -9,10 +9,11 @@
 namespace lockstep {
 
 BatchStream::BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed,
-                         int64_t batch_size, int prefetch)
+                         int64_t batch_size, int prefetch, int64_t skip)
     : data_(data), sampler_(data.size(), rank, world_size, seed), batch_size_(batch_size),
       prefetch_(prefetch) {
-  start_epoch(0);
+  start_epoch(skip / batches_per_epoch());
+  position_ = (skip % batches_per_epoch()) * batch_size_;
   if (prefetch_ > 0) producer_ = std::thread([this] { produce(); });
 }
 

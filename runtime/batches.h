@@ -25,8 +25,9 @@ struct Batch {
 
 class BatchStream {
  public:
+  // `skip` batches are passed over first (resuming where a checkpoint left).
   BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed, int64_t batch_size,
-              int prefetch = 0);
+              int prefetch = 0, int64_t skip = 0);
   ~BatchStream();
   BatchStream(const BatchStream&) = delete;
   BatchStream& operator=(const BatchStream&) = delete;

@@ -41,6 +41,7 @@ std::string CheckpointStore::step_folder(int64_t step) const {
 void CheckpointStore::write_file(int64_t step, const std::string& name,
                                  const std::string& bytes) const {
   fs::create_directories(step_folder(step));
+  fs::remove(step_folder(step) + "/" + kIndex);  // rewriting a step: incomplete until sealed again
   write_file_atomically(step_folder(step) + "/" + name, bytes);
 }
 

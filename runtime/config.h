@@ -72,6 +72,12 @@ struct AuditSection {
   std::string buffers = "check";  // buffers: check (like parameters) | sync (from rank 0) | ignore
 };
 
+struct CheckpointSection {
+  int64_t every = 0;  // steps between checkpoints (and one at the end); 0 = none
+  int64_t keep = 2;   // complete checkpoints kept; older ones go once a newer is complete
+  std::string resume; // a run folder to continue from its newest valid checkpoint (--resume)
+};
+
 struct FaultSection {
   double heartbeat_s = 1.0;           // worker -> coordinator heartbeat period
   double heartbeat_timeout_s = 10.0;  // silence after which either side gives up on the other
@@ -114,6 +120,7 @@ struct JobConfig {
   EvalSection eval;
   CommSection comm;
   AuditSection audit;
+  CheckpointSection checkpoint;
   FaultSection fault;
   TestSection test;
   std::string device = "auto";     // auto | cpu | gpu

@@ -12,6 +12,7 @@
 #include "runtime/errors.h"
 #include "runtime/masked_loss.h"
 #include "runtime/progress.h"
+#include "runtime/checkpoint.h"
 #include "runtime/reducer.h"
 
 namespace lockstep {
@@ -83,6 +84,8 @@ nlohmann::json TrainingResult::to_json() const {
           {"masked_targets", masked_targets},
           {"skipped_steps", skipped_steps},
           {"clipped_steps", clipped_steps},
+          {"checkpoints", checkpoints},
+          {"last_checkpoint_step", last_checkpoint},
           {"audits", audits},
           {"audits_disagreeing", audits_disagreeing},
           {"last_audit", last_audit},
@@ -127,8 +130,21 @@ TrainingResult train(TrainerParts parts) {
   optimizer_spec.momentum = config.optim.momentum;
   optimizer_spec.weight_decay = config.optim.weight_decay;
   auto optimizer = optim::make_optimizer(std::move(segments), optimizer_spec);
+  CheckpointStore checkpoints(parts.checkpoint_dir);
+  int64_t first_step = 0, microbatches_done = 0, last_epoch = 0;
+  if (parts.resume) {
+    load_checkpoint(checkpoints, *parts.resume, model, *optimizer, parts.rank);
+    first_step = parts.resume->step;
+    microbatches_done = parts.resume->meta.value("microbatches_done", int64_t(0));
+    last_epoch = parts.resume->meta.value("epoch", int64_t(0));
+    if (parts.rank == 0)
+      spdlog::info("resumed from the checkpoint at step {} ({} microbatches done per rank, epoch "
+                   "{}); parameter digest verified on every rank", first_step, microbatches_done,
+                   last_epoch);
+    parts.events.write({{"event", "resumed"}, {"step", first_step}, {"folder", parts.resume->folder}});
+  }
   BatchStream batches(parts.data.train, parts.rank, parts.world_size, uint64_t(config.job.seed),
-                      config.data.batch_size, int(config.data.prefetch));
+                      config.data.batch_size, int(config.data.prefetch), microbatches_done);
   const int64_t steps = total_steps(config, batches.batches_per_epoch());
   optim::ScheduleSpec schedule{config.optim.lr, config.optim.warmup_steps, steps,
                                config.optim.schedule};
@@ -167,7 +183,12 @@ TrainingResult train(TrainerParts parts) {
     if (done == steps) finish_audit();
   };
 
-  for (int64_t step = 0; step < steps; ++step) {
+  const bool checkpoints_on = config.checkpoint.every > 0 && !parts.checkpoint_dir.empty();
+  if (config.checkpoint.every > 0 && !parts.control)
+    throw RunError("checkpoint.every is set but this trainer has no control group to agree on "
+                   "checkpoints");
+
+  for (int64_t step = first_step; step < steps; ++step) {
     const auto step_start = PhaseTimer::Clock::now();
     const double lr = optim::scheduled_lr(schedule, step);
     optimizer->set_lr(lr);  // the reducer zeroes the gradients (its buckets)
@@ -179,6 +200,8 @@ TrainingResult train(TrainerParts parts) {
         auto scope = timer.measure(Phase::kData);
         batch = batches.next();
       }
+      ++microbatches_done;
+      last_epoch = batch.epoch;
       auto scope = timer.measure(Phase::kForwardBackward);
       MaskedLoss loss = masked_cross_entropy_sum(model.forward(batch.images), batch.labels);
       maybe_fail(config, parts.rank, step, loss.sum);
@@ -235,14 +258,33 @@ TrainingResult train(TrainerParts parts) {
       apply_perturbation(faults, parts.rank, step + 1, named);
     }
     audit_after(step + 1);
-    if (step == 0) parts.events.write({{"event", "first_step"}, {"step", 1}});  // start-up's end
+    if (step == first_step)  // start-up's end
+      parts.events.write({{"event", "first_step"}, {"step", step + 1}});
+    if (checkpoints_on && ((step + 1) % config.checkpoint.every == 0 || step + 1 == steps)) {
+      auto scope = timer.measure(Phase::kCheckpoint);
+      nlohmann::json meta = {{"microbatches_done", microbatches_done},
+                             {"epoch", last_epoch},
+                             {"lr", lr},
+                             {"model", config.model.name},
+                             {"world_size", parts.world_size},
+                             {"seed", config.job.seed},
+                             {"batch_size", config.data.batch_size},
+                             {"accum_steps", config.train.accum_steps},
+                             {"optimizer", config.optim.name}};
+      write_checkpoint(checkpoints, step + 1, meta, model, *optimizer, parts.rank, *parts.control,
+                       int(config.checkpoint.keep));
+      ++result.checkpoints;
+      result.last_checkpoint = step + 1;
+      parts.events.write({{"event", "checkpoint"}, {"step", step + 1},
+                          {"folder", checkpoints.step_folder(step + 1)}});
+    }
 
     const double step_seconds =
         std::chrono::duration<double>(PhaseTimer::Clock::now() - step_start).count();
     window_loss += local_valid > 0 ? local_loss_sum / local_valid : 0.0;
     window_samples += global_valid;
     window_seconds += step_seconds;
-    if (step >= 10) step_times.push_back(step_seconds);
+    if (step >= first_step + 10) step_times.push_back(step_seconds);
     ++window_steps;
     const double samples_per_s = window_seconds > 0 ? window_samples / window_seconds : 0.0;
     const double mean_loss = window_loss / double(window_steps);

@@ -13,6 +13,7 @@
 
 #include "runtime/audit.h"
 #include "runtime/batches.h"
+#include "runtime/checkpoint_store.h"
 #include "runtime/config.h"
 #include "runtime/control_group.h"
 #include "runtime/decisions.h"
@@ -37,6 +38,9 @@ struct TrainerParts {
   bool terminal = false;  // rank 0 redraws a progress line in place
   RunObserver* observer = nullptr;  // may be null
   Auditor* auditor = nullptr;       // may be null: no audits
+  ControlGroup* control = nullptr;  // may be null: no checkpoints
+  std::string checkpoint_dir;       // RUN_DIR/checkpoints ("" = none)
+  const FoundCheckpoint* resume = nullptr;  // continue from this checkpoint (in checkpoint_dir)
 };
 
 struct TrainingResult {
@@ -47,6 +51,8 @@ struct TrainingResult {
   int64_t masked_targets = 0;    // this rank's samples without a target
   int64_t skipped_steps = 0;     // steps whose global batch had no valid target
   int64_t clipped_steps = 0;
+  int64_t checkpoints = 0;       // checkpoints written
+  int64_t last_checkpoint = 0;   // the step of the newest
   int64_t audits = 0;
   int64_t audits_disagreeing = 0;
   std::string last_audit;        // verdict of the last audit

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <ctime>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -11,6 +13,7 @@
 
 #include "lockstep/build_config.h"
 #include "runtime/control_group.h"
+#include "runtime/checkpoint.h"
 #include "runtime/dataset.h"
 #include "runtime/digest.h"
 #include "runtime/errors.h"
@@ -119,6 +122,10 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   Manifest manifest;
   if (rank == 0) {
     folder.create();
+    // Resuming in the same folder: the earlier manifest is kept, not overwritten.
+    if (std::filesystem::exists(folder.file("manifest.json")))
+      std::filesystem::rename(folder.file("manifest.json"),
+                              folder.file("manifest-before-" + utc_timestamp() + ".json"));
     manifest.folder = &folder;
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < world; ++r) ranks.push_back({{"rank", r}, {"host", hosts[r]}});
@@ -196,11 +203,16 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                            "at the first and last step"
                          : "audit.every = 0: ranks that drift apart will go unnoticed",
                      config.audit.every == 0);
+    std::optional<FoundCheckpoint> resume;
+    if (!config.checkpoint.resume.empty())
+      resume = choose_checkpoint_to_resume(config, world, *control, decisions);
     if (options.observer) options.observer->on_phase("train");
     TrainingResult result = train(TrainerParts{config, rank, world, model, data, *data_group,
                                                decisions, timer, events,
                                                options.terminal && rank == 0, options.observer,
-                                               config.audit.every > 0 ? &auditor : nullptr});
+                                               config.audit.every > 0 ? &auditor : nullptr,
+                                               control.get(), folder.file("checkpoints"),
+                                               resume ? &*resume : nullptr});
     if (options.observer) options.observer->on_phase("done");
 
     const std::string final_digest = combined_hex(module_digests(*model, true));

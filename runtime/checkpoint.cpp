@@ -1,0 +1,136 @@
+#include "runtime/checkpoint.h"
+
+#include <cstring>
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "optim/optimizer.h"
+#include "runtime/control_group.h"
+#include "runtime/decisions.h"
+#include "runtime/digest.h"
+#include "runtime/errors.h"
+#include "runtime/models.h"
+
+namespace lockstep {
+namespace {
+
+std::string archive_bytes(torch::serialize::OutputArchive& archive) {
+  std::string bytes;
+  archive.save_to([&](const void* data, size_t size) {
+    bytes.append(static_cast<const char*>(data), size);
+    return size;
+  });
+  return bytes;
+}
+
+}  // namespace
+
+void write_checkpoint(const CheckpointStore& store, int64_t step, nlohmann::json meta, Model& model,
+                      const optim::Optimizer& optimizer, int rank, ControlGroup& control, int keep) {
+  const std::string tag = "checkpoint-" + std::to_string(step);
+  {
+    // This rank's random stream (dropout masks), byte for byte.
+    at::Tensor state = at::detail::getDefaultCPUGenerator().get_state();
+    store.write_file(step, "rng-rank" + std::to_string(rank) + ".bin",
+                     std::string(reinterpret_cast<const char*>(state.data_ptr<uint8_t>()),
+                                 size_t(state.numel())));
+  }
+  if (rank == 0) {
+    torch::serialize::OutputArchive tensors;
+    for (const auto& item : model.named_parameters()) tensors.write(item.key(), item.value());
+    for (const auto& item : model.named_buffers()) tensors.write(item.key(), item.value(), true);
+    store.write_file(step, "model.pt", archive_bytes(tensors));
+    const std::vector<uint8_t> state = optimizer.save_to_bytes();
+    store.write_file(step, "optimizer.bin", std::string(state.begin(), state.end()));
+  }
+  control.barrier(tag + "-written");
+  if (rank == 0) {
+    meta["step"] = step;
+    meta["param_digest"] = combined_hex(module_digests(model, true));
+    meta["ranks"] = control.collectives().size();
+    store.seal(step, meta, keep);
+  }
+  control.barrier(tag + "-sealed");
+}
+
+FoundCheckpoint choose_checkpoint_to_resume(const JobConfig& config, int world_size,
+                                            ControlGroup& control, DecisionLog& decisions) {
+  const std::string& dir = config.checkpoint.resume;
+  CheckpointStore store(dir + "/checkpoints");
+  std::vector<std::string> rejected;
+  std::optional<FoundCheckpoint> found = store.newest_valid(&rejected);
+  std::string refused;
+  for (const auto& r : rejected) refused += (refused.empty() ? "" : "; ") + r;
+  if (!found)
+    throw InputError("--resume " + dir + ": no complete checkpoint that verifies" +
+                     (refused.empty() ? " (none was written: checkpoint.every = 0?)" : ": " + refused));
+  const auto steps = control.exchange("resume-step", std::to_string(found->step));
+  for (size_t r = 0; r < steps.size(); ++r)
+    if (steps[r] != steps[0])
+      throw RunError("--resume: rank " + std::to_string(r) + " found the checkpoint of step " +
+                     steps[r] + ", rank 0 that of step " + steps[0] +
+                     " (do all ranks see the same run folder?)");
+  const nlohmann::json& meta = found->meta;
+  auto must_match = [&](const std::string& key, const nlohmann::json& now, const char* field) {
+    if (meta.contains(field) && meta[field] != now)
+      throw InputError("--resume " + dir + ": " + key + " was " + meta[field].dump() +
+                       " in the checkpointed run and is " + now.dump() + " now; a resumed run " +
+                       "must keep it (set it back, or start a new run)");
+  };
+  must_match("model.name", config.model.name, "model");
+  must_match("job.world_size", world_size, "world_size");
+  must_match("job.seed", config.job.seed, "seed");
+  must_match("data.batch_size", config.data.batch_size, "batch_size");
+  must_match("train.accum_steps", config.train.accum_steps, "accum_steps");
+  must_match("optim.name", config.optim.name, "optimizer");
+  decisions.record("resume_checkpoint", "step " + std::to_string(found->step),
+                   refused.empty() ? "the newest complete checkpoint in " + dir + "; every file's "
+                                     "checksum verified"
+                                   : "newer ones refused: " + refused,
+                   /*warn=*/!refused.empty());
+  return *found;
+}
+
+void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found, Model& model,
+                     optim::Optimizer& optimizer, int rank) {
+  const std::string where = "checkpoint at step " + std::to_string(found.step) + " (" + found.folder + ")";
+  {
+    const std::string bytes = store.read_file(found, "model.pt");
+    torch::serialize::InputArchive archive;
+    archive.load_from(bytes.data(), bytes.size());
+    torch::NoGradGuard no_grad;
+    auto load = [&](const std::string& name, at::Tensor target, bool buffer) {
+      at::Tensor saved;
+      if (!archive.try_read(name, saved, buffer))
+        throw RunError(where + ": model.pt has no tensor " + name);
+      if (!saved.sizes().equals(target.sizes()))
+        throw RunError(where + ": " + name + " has shape " + c10::str(saved.sizes()) +
+                       ", this model " + c10::str(target.sizes()));
+      target.copy_(saved);
+    };
+    for (const auto& item : model.named_parameters()) load(item.key(), item.value(), false);
+    for (const auto& item : model.named_buffers()) load(item.key(), item.value(), true);
+  }
+  {
+    const std::string bytes = store.read_file(found, "optimizer.bin");
+    optimizer.load_from_bytes(std::vector<uint8_t>(bytes.begin(), bytes.end()));
+  }
+  {
+    const std::string name = "rng-rank" + std::to_string(rank) + ".bin";
+    const std::string bytes = store.read_file(found, name);
+    at::Tensor state = torch::empty({int64_t(bytes.size())}, torch::kUInt8);
+    std::memcpy(state.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+    at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle to the default
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+  const std::string digest = combined_hex(module_digests(model, true));
+  if (digest != found.meta.value("param_digest", ""))
+    throw RunError(where + ": the parameters loaded on rank " + std::to_string(rank) +
+                   " have digest " + digest + ", the checkpoint recorded " +
+                   found.meta.value("param_digest", std::string("none")));
+}
+
+}  // namespace lockstep

@@ -1,0 +1,41 @@
+#pragma once
+// A rank's part of a training checkpoint (step 6 of the data flow). Rank 0
+// writes the shared state (parameters and buffers, optimizer state), every
+// rank its own random-generator state; once all have written (a control
+// barrier) rank 0 seals the checkpoint with its index, then a second barrier,
+// so no rank goes on believing in a checkpoint that is not complete.
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/checkpoint_store.h"
+#include "runtime/config.h"
+
+namespace lockstep {
+
+class ControlGroup;
+class DecisionLog;
+class Model;
+namespace optim {
+class Optimizer;
+}
+
+// `meta` goes into the index (step, data position, settings that must not
+// change on resume); the parameter digest is added here.
+void write_checkpoint(const CheckpointStore& store, int64_t step, nlohmann::json meta, Model& model,
+                      const optim::Optimizer& optimizer, int rank, ControlGroup& control, int keep);
+
+// For checkpoint.resume: the newest checkpoint under it that verifies, the
+// same on every rank (a decision names any newer one refused and why).
+// Throws InputError when none verifies, or when the job changed a setting
+// that a resumed run cannot change (naming the key).
+FoundCheckpoint choose_checkpoint_to_resume(const JobConfig& config, int world_size,
+                                            ControlGroup& control, DecisionLog& decisions);
+
+// Loads a checkpoint's parameters, buffers, optimizer state and this rank's
+// random stream, then checks the parameter digest against the checkpoint's.
+void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found, Model& model,
+                     optim::Optimizer& optimizer, int rank);
+
+}  // namespace lockstep

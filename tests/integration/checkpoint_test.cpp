@@ -1,0 +1,140 @@
+// Checkpoints of a real 2-rank run: every checkpoint.every steps and at the
+// end, the older ones beyond checkpoint.keep deleted, each complete one
+// verifying (index, sizes, checksums) with rank 0's shared state and every
+// rank's generator state, and the parameter digest of the last one equal to
+// the digest the ranks report at the end.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "integration/jobs.h"
+#include "runtime/checkpoint_store.h"
+
+namespace lockstep::testing {
+namespace {
+
+TEST(Checkpoints, EveryNStepsAndAtTheEndKeepingTheNewest) {
+  TempDir dir;
+  auto result = run_lockstep(synthetic_run(dir, 2, {"job.steps=25", "checkpoint.every=10",
+                                                    "checkpoint.keep=2", "audit.every=0"}),
+                             dir.path(), 120);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::string run = single_run(dir.path() + "/runs");
+  CheckpointStore store(run + "/checkpoints");
+  EXPECT_EQ(store.steps(), (std::vector<int64_t>{20, 25}));  // 10 went once 25 was complete
+
+  std::vector<std::string> rejected;
+  auto newest = store.newest_valid(&rejected);
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_TRUE(rejected.empty());
+  EXPECT_EQ(newest->step, 25);
+  for (const char* file : {"model.pt", "optimizer.bin", "rng-rank0.bin", "rng-rank1.bin"})
+    EXPECT_FALSE(store.read_file(*newest, file).empty()) << file;
+  EXPECT_NE(store.read_file(*newest, "rng-rank0.bin"), store.read_file(*newest, "rng-rank1.bin"));
+  EXPECT_EQ(newest->meta["world_size"], 2);
+  EXPECT_EQ(newest->meta["ranks"], 2);
+  EXPECT_EQ(newest->meta["model"], "mlp");
+  EXPECT_EQ(newest->meta["microbatches_done"], 25);
+
+  auto manifest = read_json(run + "/manifest.json");
+  EXPECT_EQ(manifest["metrics"]["checkpoints"], 3);
+  EXPECT_EQ(manifest["metrics"]["last_checkpoint_step"], 25);
+  EXPECT_EQ(newest->meta["param_digest"], manifest["metrics"]["final_param_digest"]);
+  EXPECT_GT(manifest["phases"]["checkpoint"].get<double>(), 0.0);
+}
+
+}  // namespace
+}  // namespace lockstep::testing
+
+namespace lockstep::testing {
+namespace {
+
+// The cnn (dropout 0.25) on 2 ranks for 12 steps, a checkpoint every 4.
+std::vector<std::string> resumable_job(const TempDir& dir, const std::string& optimizer,
+                                       std::vector<std::string> extra = {}) {
+  std::vector<std::string> sets = {"model.name=cnn", "job.steps=12", "checkpoint.every=4",
+                                   "optim.name=" + optimizer, "optim.lr=0.01",
+                                   "optim.schedule=cosine", "job.log_every=4"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  return synthetic_run(dir, 2, sets);
+}
+
+std::string final_digest(const std::string& run) {
+  return read_json(run + "/manifest.json")["metrics"]["final_param_digest"].get<std::string>();
+}
+
+// A run that rank 1 leaves at step 6 (after the checkpoint of step 4),
+// resumed with --resume: the same final parameters, bit for bit, as the run
+// that was never interrupted (SGD with momentum and AdamW, dropout on).
+TEST(Checkpoints, ResumedRunEndsWithTheUninterruptedRunsDigest) {
+  for (const std::string optimizer : {"sgd", "adamw"}) {
+    TempDir whole, broken;
+    auto uninterrupted = run_lockstep(resumable_job(whole, optimizer), whole.path(), 150);
+    ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.output;
+    const std::string expected = final_digest(single_run(whole.path() + "/runs"));
+
+    auto first = run_lockstep(resumable_job(broken, optimizer, {"test.fail_rank=1", "test.fail_step=6",
+                                                                "test.fail_kind=exit"}),
+                              broken.path(), 150);
+    ASSERT_NE(first.exit_code, 0) << first.output;
+    const std::string run = single_run(broken.path() + "/runs");
+    auto args = resumable_job(broken, optimizer);
+    args.push_back("--resume");
+    args.push_back(run);
+    auto resumed = run_lockstep(args, broken.path(), 150);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("Decision: resume_checkpoint = step 4"), std::string::npos)
+        << resumed.output;
+    EXPECT_EQ(final_digest(run), expected) << optimizer;
+    EXPECT_EQ(read_json(run + "/manifest.json")["metrics"]["steps"], 12);
+  }
+}
+
+// The newest checkpoint corrupted: refused naming the file, the previous one
+// used (and the run still ends where the uninterrupted one did). With none
+// valid, or with a setting a resumed run cannot change: exit 2, named.
+TEST(Checkpoints, CorruptedNewestFallsBackAndUnusableOnesAreBadInput) {
+  TempDir dir;
+  auto first = run_lockstep(resumable_job(dir, "sgd", {"test.fail_rank=0", "test.fail_step=9",
+                                                       "test.fail_kind=exit", "checkpoint.keep=3"}),
+                            dir.path(), 150);
+  ASSERT_NE(first.exit_code, 0) << first.output;
+  const std::string run = single_run(dir.path() + "/runs");
+  CheckpointStore store(run + "/checkpoints");
+  ASSERT_EQ(store.steps(), (std::vector<int64_t>{4, 8}));
+  {
+    std::fstream file(store.step_folder(8) + "/model.pt", std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(100);
+    file.put('\x5a');
+  }
+  auto resume = [&](std::vector<std::string> extra) {
+    auto args = resumable_job(dir, "sgd", extra);
+    args.push_back("--resume");
+    args.push_back(run);
+    return run_lockstep(args, dir.path(), 150);
+  };
+  auto changed = resume({"data.batch_size=16"});
+  EXPECT_EQ(changed.exit_code, 2) << changed.output;
+  EXPECT_NE(changed.output.find("data.batch_size was 32 in the checkpointed run and is 16 now"), std::string::npos) << changed.output;
+
+  auto resumed = resume({});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resume_checkpoint = step 4"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("step-000000008/model.pt: checksum"), std::string::npos)
+      << resumed.output;
+
+  TempDir whole;
+  ASSERT_EQ(run_lockstep(resumable_job(whole, "sgd"), whole.path(), 150).exit_code, 0);
+  EXPECT_EQ(final_digest(run), final_digest(single_run(whole.path() + "/runs")));
+
+  for (int64_t step : CheckpointStore(run + "/checkpoints").steps())
+    std::filesystem::resize_file(store.step_folder(step) + "/optimizer.bin", 3);
+  auto none = resume({});
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("no complete checkpoint that verifies"), std::string::npos)
+      << none.output;
+}
+
+}  // namespace
+}  // namespace lockstep::testing
