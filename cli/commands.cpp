@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "cli/launcher.h"
 #include "coordinator/coordinator.h"
 #include "runtime/audit_report.h"
+#include "runtime/checkpoint_store.h"
 #include "runtime/dataset.h"
 #include "runtime/errors.h"
 #include "runtime/machine.h"
@@ -95,6 +97,39 @@ int torchrun_worker(const std::string& job_file, const std::vector<std::string>&
 
 }  // namespace
 
+// Adds the restarts of `lockstep run` to the run's manifest: each with its
+// reason, the dead rank, and the recovery time (the death to the end of the
+// first step of the next generation, from rank 0's events).
+void record_restarts(const std::string& run_folder, nlohmann::json restarts,
+                     const std::string& final_failure) {
+  const std::string path = run_folder + "/manifest.json";
+  if (restarts.empty() || !std::filesystem::exists(path)) return;
+  std::vector<double> first_steps;  // every generation's, in order
+  std::ifstream events(run_folder + "/events-rank0.jsonl");
+  for (std::string line; std::getline(events, line);) {
+    auto event = nlohmann::json::parse(line, nullptr, false);
+    if (!event.is_discarded() && event.value("event", "") == "first_step")
+      first_steps.push_back(event.value("time", 0.0));
+  }
+  for (auto& restart : restarts) {
+    const double died = restart["died_unix_s"].get<double>();
+    for (double t : first_steps)
+      if (t > died) {
+        restart["recovery_s"] = t - died;
+        break;
+      }
+  }
+  nlohmann::json manifest = nlohmann::json::parse(read_text_file(path, "manifest"));
+  manifest["restarts"] = restarts;
+  manifest["restart_count"] = restarts.size();
+  if (!final_failure.empty()) manifest["final_failure"] = final_failure;
+  write_file_atomically(path, manifest.dump(2));
+  for (const auto& restart : restarts)
+    spdlog::info("restart to generation {}: {}; recovery {:.2f} s (death to the first step)",
+                 restart["generation"].get<int>(), restart["reason"].get<std::string>(),
+                 restart.value("recovery_s", -1.0));
+}
+
 // --resume RUN_DIR: continue in that run folder (its id, under its parent),
 // as overrides every worker receives. "" without --resume.
 std::string resumed_run_id(const std::string& resume_dir, std::vector<std::string>& overrides) {
@@ -131,12 +166,9 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
                given_token && *given_token ? "set in the environment: `lockstep status` can use it"
                                            : "random per run, handed to the workers only");
   coordinator_options.run_dir = config.job.run_dir;
-  CoordinatorServer coordinator(coordinator_options, job_options(config, run_id));
-  coordinator.start();
 
   LaunchOptions options;
   options.executable = std::filesystem::read_symlink("/proc/self/exe").string();
-  options.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
   options.token = coordinator_options.token;
   options.nproc = int(config.job.world_size);
   options.terminal = ::isatty(STDOUT_FILENO);
@@ -144,11 +176,48 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   options.threads_per_rank = std::max(1, int(cores) / options.nproc);
   spdlog::info("Decision: OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = {} ({} cores / {} local ranks; "
                "unless already set)", options.threads_per_rank, cores, options.nproc);
-  int code = launch_local(options);
-  if (code != 0) coordinator.abort("a worker process failed (see the launcher's message)");
-  int coordinator_code = coordinator.wait(code == 0 ? milliseconds(5000) : milliseconds(0));
-  spdlog::info("run folder: {}/{}", config.job.run_dir, run_id);
-  return code != 0 ? code : coordinator_code;
+
+  // Generation after generation: a worker that dies costs a restart from
+  // the newest complete checkpoint, while fault.max_restarts allows.
+  const std::string run_folder = (std::filesystem::path(config.job.run_dir) / run_id).string();
+  nlohmann::json restarts = nlohmann::json::array();
+  JobConfig generation_config = config;
+  for (int generation = 0;; ++generation) {
+    CoordinatorServer coordinator(coordinator_options, job_options(generation_config, run_id));
+    coordinator.start();
+    options.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
+    options.restart_count = generation;
+    LaunchFailure failure;
+    int code = launch_local(options, &failure);
+    if (code != 0) coordinator.abort("a worker process failed (see the launcher's message)");
+    int coordinator_code = coordinator.wait(code == 0 ? milliseconds(5000) : milliseconds(0));
+    const int result = code != 0 ? code : coordinator_code;
+    const bool restartable = result == 1 && !failure.interrupted && failure.rank >= 0;
+    if (!restartable || generation >= config.fault.max_restarts) {
+      if (restartable && config.fault.max_restarts > 0)
+        spdlog::error("lockstep run: {} in generation {}; the restart budget is spent "
+                      "(fault.max_restarts = {})", failure.what, generation,
+                      config.fault.max_restarts);
+      record_restarts(run_folder, restarts, result == 0 ? "" : failure.what);
+      spdlog::info("run folder: {}", run_folder);
+      return result;
+    }
+    std::vector<std::string> next = passed_on;
+    std::string from = "the start (no complete checkpoint yet)";
+    int64_t resumed_step = 0;
+    if (auto found = CheckpointStore(run_folder + "/checkpoints").newest_valid(nullptr)) {
+      next.push_back("checkpoint.resume=" + run_folder);
+      from = "the checkpoint at step " + std::to_string(found->step);
+      resumed_step = found->step;
+    }
+    generation_config = checked_job(job_file, next);
+    spdlog::warn("Decision: restart = generation {} ({}; fault.max_restarts = {}, {} left after "
+                 "this one; every rank starts again from {})", generation + 1, failure.what,
+                 config.fault.max_restarts, config.fault.max_restarts - generation - 1, from);
+    restarts.push_back({{"generation", generation + 1}, {"reason", failure.what},
+                        {"dead_rank", failure.rank}, {"died_unix_s", failure.unix_s},
+                        {"resumed_from_step", resumed_step}});
+  }
 }
 
 int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,

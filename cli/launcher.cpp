@@ -74,6 +74,8 @@ std::vector<std::string> child_environment(const LaunchOptions& options, int ran
   env["LOCAL_RANK"] = std::to_string(rank);
   env["LOCAL_WORLD_SIZE"] = std::to_string(options.nproc);
   env["LOCKSTEP_TOKEN"] = options.token;
+  env["TORCHELASTIC_RESTART_COUNT"] = env["LOCKSTEP_RESTART_COUNT"] =
+      std::to_string(options.restart_count);
   env["LOCKSTEP_TERMINAL"] = options.terminal ? "1" : "0";
   for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
     if (!env.count(name)) env[name] = std::to_string(options.threads_per_rank);
@@ -128,7 +130,7 @@ void signal_running(std::vector<Child>& children, int signal_number) {
 
 }  // namespace
 
-int launch_local(const LaunchOptions& options) {
+int launch_local(const LaunchOptions& options, LaunchFailure* report) {
   using Clock = std::chrono::steady_clock;
   spdlog::info("launcher: starting {} workers for the coordinator at {}", options.nproc,
                options.coordinator);
@@ -188,10 +190,15 @@ int launch_local(const LaunchOptions& options) {
         first_failed = c.rank;
         failure = "rank " + std::to_string(c.rank) + " " + describe_status(status);
         spdlog::error("launcher: {}; stopping the other ranks", failure);
+        if (report)
+          *report = {c.rank, failure,
+                     std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch()).count(), false};
       }
     }
     if (g_interrupted && !stopping) {
       failure = "interrupted by a signal";
+      if (report) report->interrupted = true;
       spdlog::warn("launcher: interrupted; stopping every rank");
     }
     if ((first_failed >= 0 || g_interrupted) && !stopping && running > 0) {

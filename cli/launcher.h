@@ -16,12 +16,22 @@ struct LaunchOptions {
   int threads_per_rank = 1;             // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS
   bool terminal = false;                // our stdout is a terminal
   double stop_grace_s = 5;              // SIGTERM, then SIGKILL after this
+  int restart_count = 0;                // generation: TORCHELASTIC_RESTART_COUNT, LOCKSTEP_RESTART_COUNT
+};
+
+// What ended a launch that failed.
+struct LaunchFailure {
+  int rank = -1;             // the first rank to fail (-1: none, or interrupted)
+  std::string what;          // "rank 1 killed by signal 9", ...
+  double unix_s = 0;         // when the launcher saw it
+  bool interrupted = false;  // SIGINT / SIGTERM to the launcher
 };
 
 // Worker i gets LOCAL_RANK = i, so the coordinator's ordering (host, local
 // rank) makes it rank i. Runs the workers to the end. Returns the exit code for `lockstep run`:
 // 0 when every rank succeeded; 2 when the first rank to fail exited with 2
 // (bad input); 1 otherwise. Names the first failing rank and its status.
-int launch_local(const LaunchOptions& options);
+// `failure` (may be null) is filled when the launch fails.
+int launch_local(const LaunchOptions& options, LaunchFailure* failure = nullptr);
 
 }  // namespace lockstep

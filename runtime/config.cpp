@@ -94,6 +94,7 @@ const std::vector<KeySpec>& schema() {
       {"checkpoint.keep", Kind::kInt, LOCKSTEP_FIELD(checkpoint.keep), 1, 1000},
       {"checkpoint.resume", Kind::kString, LOCKSTEP_FIELD(checkpoint.resume), -kInf, kInf, false,
        {}, true},
+      {"fault.max_restarts", Kind::kInt, LOCKSTEP_FIELD(fault.max_restarts), 0, 1000},
       {"fault.inject", Kind::kString, LOCKSTEP_FIELD(fault.inject), -kInf, kInf, false, {}, true},
       {"fault.heartbeat_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_s), 0, 3600, true},
       {"fault.heartbeat_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_timeout_s), 0,
@@ -108,7 +109,8 @@ const std::vector<KeySpec>& schema() {
       {"test.fail_rank", Kind::kInt, LOCKSTEP_FIELD(test.fail_rank), -1, 4095},
       {"test.fail_step", Kind::kInt, LOCKSTEP_FIELD(test.fail_step), -1, 1e12},
       {"test.fail_kind", Kind::kString, LOCKSTEP_FIELD(test.fail_kind), -kInf, kInf, false,
-       {"exit", "nan_loss"}},
+       {"exit", "kill", "nan_loss"}},
+      {"test.fail_generations", Kind::kInt, LOCKSTEP_FIELD(test.fail_generations), 0, 1000},
   };
   return specs;
 }

@@ -81,6 +81,7 @@ struct CheckpointSection {
 struct FaultSection {
   double heartbeat_s = 1.0;           // worker -> coordinator heartbeat period
   double heartbeat_timeout_s = 10.0;  // silence after which either side gives up on the other
+  int64_t max_restarts = 0;           // lockstep run: new generations after a worker dies
   // Injected faults, to see the alarms work; "" = none. Items separated by ';':
   //   perturb:TENSOR:RANK:STEP:AMOUNT   add AMOUNT to element 0 of TENSOR on RANK after STEP
   //   double_scale:TENSOR:RANK:STEP     at STEP, a per-tensor gradient scale (x0.5) on every
@@ -108,7 +109,8 @@ struct TestSection {
   double hold_s = 0.0;
   int64_t fail_rank = -1;       // this rank fails at fail_step ...
   int64_t fail_step = -1;
-  std::string fail_kind = "exit";  // ... by exiting (status 3) | nan_loss
+  std::string fail_kind = "exit";  // ... by exiting (status 3) | kill (SIGKILL) | nan_loss
+  int64_t fail_generations = 1;    // ... in this many generations of a restarted run
 };
 
 struct JobConfig {

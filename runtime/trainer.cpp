@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 
 #include <spdlog/spdlog.h>
@@ -28,6 +29,15 @@ std::string join_names(const std::vector<std::string>& names) {
 // trainer's failure paths can be exercised with real processes.
 void maybe_fail(const JobConfig& config, int rank, int64_t step, at::Tensor& loss_sum) {
   if (config.test.fail_rank != rank || config.test.fail_step != step) return;
+  // Only in the first test.fail_generations generations, so that a
+  // restarted job can get past it.
+  const char* generation = std::getenv("LOCKSTEP_RESTART_COUNT");
+  if (generation && std::atoll(generation) >= config.test.fail_generations) return;
+  if (config.test.fail_kind == "kill") {
+    spdlog::error("test.fail_kind = kill: rank {} sends itself SIGKILL at step {}", rank, step);
+    std::fflush(nullptr);
+    std::raise(SIGKILL);
+  }
   if (config.test.fail_kind == "exit") {
     spdlog::error("test.fail_kind = exit: rank {} exits with status 3 at step {}", rank, step);
     std::fflush(nullptr);

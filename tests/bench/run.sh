@@ -11,3 +11,5 @@ echo "== audit overhead" >&2
 "$build/tests/bench/audit_overhead" "$repetitions"
 echo "== gradient-sync efficiency" >&2
 "$build/tests/bench/sync_efficiency" 300
+echo "== recovery after a killed worker" >&2
+/usr/bin/python3 "$here/recovery.py" "$build" "$repetitions"
