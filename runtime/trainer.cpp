@@ -10,10 +10,10 @@
 
 #include "optim/clip.h"
 #include "optim/optimizer.h"
+#include "runtime/checkpoint.h"
 #include "runtime/errors.h"
 #include "runtime/masked_loss.h"
 #include "runtime/progress.h"
-#include "runtime/checkpoint.h"
 #include "runtime/reducer.h"
 
 namespace lockstep {
@@ -198,6 +198,26 @@ TrainingResult train(TrainerParts parts) {
     throw RunError("checkpoint.every is set but this trainer has no control group to agree on "
                    "checkpoints");
 
+  // A checkpoint after step `done` when one is due (skipped steps included).
+  auto checkpoint_after = [&](int64_t done, double lr) {
+    if (!checkpoints_on || (done % config.checkpoint.every != 0 && done != steps)) return;
+    auto scope = timer.measure(Phase::kCheckpoint);
+    nlohmann::json meta = {{"microbatches_done", microbatches_done},
+                           {"epoch", last_epoch},
+                           {"lr", lr},
+                           {"model", config.model.name},
+                           {"world_size", parts.world_size},
+                           {"seed", config.job.seed},
+                           {"batch_size", config.data.batch_size},
+                           {"accum_steps", config.train.accum_steps},
+                           {"optimizer", config.optim.name}};
+    write_checkpoint(checkpoints, done, meta, model, *optimizer, parts.rank, *parts.control,
+                     int(config.checkpoint.keep));
+    ++result.checkpoints;
+    result.last_checkpoint = done;
+    parts.events.write({{"event", "checkpoint"}, {"step", done}, {"folder", checkpoints.step_folder(done)}});
+  };
+
   for (int64_t step = first_step; step < steps; ++step) {
     const auto step_start = PhaseTimer::Clock::now();
     const double lr = optim::scheduled_lr(schedule, step);
@@ -237,6 +257,7 @@ TrainingResult train(TrainerParts parts) {
     result.steps = step + 1;
     if (global_valid == 0) {
       audit_after(step + 1);
+      checkpoint_after(step + 1, lr);
       ++result.skipped_steps;
       spdlog::warn("step {}: no valid target in the global batch on any rank; no update", step);
       parts.events.write({{"event", "skipped_step"}, {"step", step}, {"reason", "no valid target"}});
@@ -270,24 +291,7 @@ TrainingResult train(TrainerParts parts) {
     audit_after(step + 1);
     if (step == first_step)  // start-up's end
       parts.events.write({{"event", "first_step"}, {"step", step + 1}});
-    if (checkpoints_on && ((step + 1) % config.checkpoint.every == 0 || step + 1 == steps)) {
-      auto scope = timer.measure(Phase::kCheckpoint);
-      nlohmann::json meta = {{"microbatches_done", microbatches_done},
-                             {"epoch", last_epoch},
-                             {"lr", lr},
-                             {"model", config.model.name},
-                             {"world_size", parts.world_size},
-                             {"seed", config.job.seed},
-                             {"batch_size", config.data.batch_size},
-                             {"accum_steps", config.train.accum_steps},
-                             {"optimizer", config.optim.name}};
-      write_checkpoint(checkpoints, step + 1, meta, model, *optimizer, parts.rank, *parts.control,
-                       int(config.checkpoint.keep));
-      ++result.checkpoints;
-      result.last_checkpoint = step + 1;
-      parts.events.write({{"event", "checkpoint"}, {"step", step + 1},
-                          {"folder", checkpoints.step_folder(step + 1)}});
-    }
+    checkpoint_after(step + 1, lr);
 
     const double step_seconds =
         std::chrono::duration<double>(PhaseTimer::Clock::now() - step_start).count();

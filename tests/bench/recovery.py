@@ -10,7 +10,6 @@ Usage: tests/bench/recovery.py BUILD_DIR [repetitions]
 import glob
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from compare_ddp import summary  # noqa: E402  (median and spread, the same for every benchmark)
 SETS = ["model.name=mlp", "job.steps=30", "checkpoint.every=5", "job.log_every=10"]
 
 
@@ -32,11 +33,6 @@ def run(build, extra):
         wall = time.time() - start
         manifest = json.load(open(glob.glob(runs + "/*/manifest.json")[0]))
         return wall, manifest.get("restarts", [])
-
-
-def summary(values):
-    values = sorted(values)
-    return {"median": statistics.median(values), "min": values[0], "max": values[-1]}
 
 
 def main():
