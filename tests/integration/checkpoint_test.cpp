@@ -5,6 +5,9 @@
 // the digest the ranks report at the end.
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <random>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -134,6 +137,49 @@ TEST(Checkpoints, CorruptedNewestFallsBackAndUnusableOnesAreBadInput) {
   EXPECT_EQ(none.exit_code, 2) << none.output;
   EXPECT_NE(none.output.find("no complete checkpoint that verifies"), std::string::npos)
       << none.output;
+}
+
+}  // namespace
+}  // namespace lockstep::testing
+
+namespace lockstep::testing {
+namespace {
+
+// The whole job killed (SIGKILL to every process) at random moments while
+// it checkpoints every step: whatever it leaves, a checkpoint that has an
+// index verifies, and the newest valid one is found.
+TEST(Checkpoints, KillDuringWritesNeverLeavesACompleteLookingBrokenCheckpoint) {
+  std::random_device random;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    TempDir dir;
+    const int delay_ms = 200 + int(random() % 2000);
+    std::cout << "attempt " << attempt << ": killing everything " << delay_ms
+              << " ms after the run folder exists" << std::endl;
+    LockstepProcess job(synthetic_run(dir, 2, {"model.name=cnn", "job.steps=400",
+                                               "checkpoint.every=1", "checkpoint.keep=1000",
+                                               "audit.every=0"}),
+                        dir.path());
+    ASSERT_TRUE(job.wait_for_output("run folder:", 60)) << job.output();
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    job.kill_group();
+    job.wait(10);
+    const std::string run = single_run(dir.path() + "/runs");
+    CheckpointStore store(run + "/checkpoints");
+    int sealed = 0;
+    for (int64_t step : store.steps()) {
+      if (!std::filesystem::exists(store.step_folder(step) + "/index.json")) continue;
+      ++sealed;
+      FoundCheckpoint found{step, store.step_folder(step), {}};
+      for (const char* file : {"model.pt", "optimizer.bin", "rng-rank0.bin", "rng-rank1.bin"})
+        EXPECT_NO_THROW(store.read_file(found, file)) << "step " << step << " " << file;
+    }
+    std::vector<std::string> rejected;
+    auto newest = store.newest_valid(&rejected);
+    std::cout << "  " << store.steps().size() << " checkpoint folders, " << sealed << " sealed, "
+              << rejected.size() << " refused" << std::endl;
+    EXPECT_EQ(newest.has_value(), sealed > 0);
+    for (const auto& r : rejected) EXPECT_NE(r.find("never completed"), std::string::npos) << r;
+  }
 }
 
 }  // namespace
