@@ -183,7 +183,9 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   nlohmann::json restarts = nlohmann::json::array();
   JobConfig generation_config = config;
   for (int generation = 0;; ++generation) {
-    CoordinatorServer coordinator(coordinator_options, job_options(generation_config, run_id));
+    JobStateOptions job = job_options(generation_config, run_id);
+    job.generation = generation + 1;  // what `lockstep status` and the manifest show
+    CoordinatorServer coordinator(coordinator_options, job);
     coordinator.start();
     options.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
     options.restart_count = generation;

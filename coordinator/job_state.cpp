@@ -126,7 +126,7 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
 
   if (int(workers_.size()) == options_.world_size) {
     assign_ranks_locked();
-    generation_ = 1;
+    generation_ = options_.generation;
     state_ = State::kRunning;
     for (auto& w : workers_) {
       w.state = "running";

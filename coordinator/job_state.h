@@ -42,6 +42,7 @@ struct JobStateOptions {
   std::chrono::milliseconds heartbeat_timeout{10000};
   std::chrono::milliseconds heartbeat_period{1000};  // what workers were told to keep
   std::string audit_log;  // audit.jsonl: one line per audited step ("" = keep none)
+  int64_t generation = 1;  // the one that starts when every worker has joined (restarts: 2, 3, ...)
 };
 
 class JobState {

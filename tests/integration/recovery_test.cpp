@@ -42,6 +42,7 @@ TEST(Recovery, KilledWorkerCostsARestartNotTheRun) {
                                   " was killed by signal 9"), std::string::npos) << recovered.output;
   auto manifest = read_json(single_run(broken.path() + "/runs") + "/manifest.json");
   EXPECT_EQ(manifest["status"], "completed");
+  EXPECT_EQ(manifest["coordinator"]["generation"], 2) << manifest["coordinator"].dump(2);
   EXPECT_EQ(manifest["metrics"]["final_param_digest"], expected["metrics"]["final_param_digest"]);
   ASSERT_EQ(manifest["restart_count"], 1) << manifest.dump(2);
   const auto& restart = manifest["restarts"][0];
