@@ -26,6 +26,21 @@ std::string read_bytes(const std::string& path) {
   return out.str();
 }
 
+// Empty if the file at `path` has the size and checksum `expected` (an
+// index entry) says, else the path and what differs; `bytes` gets the contents.
+std::string check_file(const std::string& path, const nlohmann::json& expected, std::string* bytes) {
+  if (!fs::exists(path)) return path + ": missing";
+  *bytes = read_bytes(path);
+  if (bytes->size() != expected["bytes"].get<size_t>())
+    return path + ": " + std::to_string(bytes->size()) + " bytes, the index says " +
+           std::to_string(expected["bytes"].get<size_t>()) + " (truncated?)";
+  const std::string checksum = checksum_hex(*bytes);
+  if (checksum != expected["xxh3"].get<std::string>())
+    return path + ": checksum " + checksum + ", the index says " +
+           expected["xxh3"].get<std::string>() + " (the file was changed or corrupted)";
+  return "";
+}
+
 }  // namespace
 
 std::string checksum_hex(const std::string& bytes) {
@@ -89,15 +104,9 @@ std::string CheckpointStore::verify(int64_t step, nlohmann::json* index) const {
   try {
     *index = nlohmann::json::parse(read_bytes(index_path));
     for (const auto& [name, expected] : (*index)["files"].items()) {
-      const std::string path = folder + "/" + name;
-      if (!fs::exists(path)) return path + ": missing";
-      const std::string bytes = read_bytes(path);
-      if (bytes.size() != expected["bytes"].get<size_t>())
-        return path + ": " + std::to_string(bytes.size()) + " bytes, the index says " +
-               std::to_string(expected["bytes"].get<size_t>()) + " (truncated?)";
-      if (checksum_hex(bytes) != expected["xxh3"].get<std::string>())
-        return path + ": checksum " + checksum_hex(bytes) + ", the index says " +
-               expected["xxh3"].get<std::string>() + " (the file was changed or corrupted)";
+      std::string bytes;
+      const std::string problem = check_file(folder + "/" + name, expected, &bytes);
+      if (!problem.empty()) return problem;
     }
   } catch (const nlohmann::json::exception& e) {
     return index_path + ": not a valid index (" + e.what() + ")";
@@ -117,12 +126,19 @@ std::optional<FoundCheckpoint> CheckpointStore::newest_valid(std::vector<std::st
 }
 
 std::string CheckpointStore::read_file(const FoundCheckpoint& found, const std::string& name) const {
+  // Only this file, against the index: newest_valid() checked the rest.
+  const std::string where = "checkpoint at step " + std::to_string(found.step);
   nlohmann::json index;
-  const std::string problem = verify(found.step, &index);
-  if (!problem.empty()) throw RunError("checkpoint at step " + std::to_string(found.step) + ": " + problem);
-  if (!index["files"].contains(name))
-    throw RunError("checkpoint at step " + std::to_string(found.step) + " has no file " + name);
-  return read_bytes(found.folder + "/" + name);
+  try {
+    index = nlohmann::json::parse(read_bytes(found.folder + "/" + kIndex));
+  } catch (const nlohmann::json::exception& e) {
+    throw RunError(where + ": not a valid index (" + std::string(e.what()) + ")");
+  }
+  if (!index["files"].contains(name)) throw RunError(where + " has no file " + name);
+  std::string bytes;
+  const std::string problem = check_file(found.folder + "/" + name, index["files"][name], &bytes);
+  if (!problem.empty()) throw RunError(where + ": " + problem);
+  return bytes;
 }
 
 }  // namespace lockstep

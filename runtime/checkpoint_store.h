@@ -37,7 +37,8 @@ class CheckpointStore {
   // The newest complete checkpoint whose files all verify. Each newer one
   // that does not verify is added to `rejected`, naming the file and why.
   std::optional<FoundCheckpoint> newest_valid(std::vector<std::string>* rejected) const;
-  // The contents of a file of a found checkpoint, checked against its index.
+  // The contents of a file of a found checkpoint, checked (size, checksum)
+  // against its index; throws RunError naming the file otherwise.
   std::string read_file(const FoundCheckpoint& found, const std::string& name) const;
   // Steps that have a folder (complete or not), oldest first.
   std::vector<int64_t> steps() const;
