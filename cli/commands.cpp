@@ -18,6 +18,7 @@
 #include "runtime/checkpoint_store.h"
 #include "runtime/dataset.h"
 #include "runtime/errors.h"
+#include "runtime/generation.h"
 #include "runtime/machine.h"
 #include "runtime/models.h"
 #include "runtime/run_folder.h"
@@ -69,6 +70,7 @@ JobStateOptions job_options(const JobConfig& config, const std::string& run_id) 
   job.rendezvous_timeout = to_ms(config.comm.rendezvous_timeout_s);
   job.heartbeat_timeout = to_ms(config.fault.heartbeat_timeout_s);
   job.heartbeat_period = to_ms(config.fault.heartbeat_s);
+  job.max_restarts = int(config.fault.max_restarts);
   return job;
 }
 
@@ -96,39 +98,6 @@ int torchrun_worker(const std::string& job_file, const std::vector<std::string>&
 }
 
 }  // namespace
-
-// Adds the restarts of `lockstep run` to the run's manifest: each with its
-// reason, the dead rank, and the recovery time (the death to the end of the
-// first step of the next generation, from rank 0's events).
-void record_restarts(const std::string& run_folder, nlohmann::json restarts,
-                     const std::string& final_failure) {
-  const std::string path = run_folder + "/manifest.json";
-  if (restarts.empty() || !std::filesystem::exists(path)) return;
-  std::vector<double> first_steps;  // every generation's, in order
-  std::ifstream events(run_folder + "/events-rank0.jsonl");
-  for (std::string line; std::getline(events, line);) {
-    auto event = nlohmann::json::parse(line, nullptr, false);
-    if (!event.is_discarded() && event.value("event", "") == "first_step")
-      first_steps.push_back(event.value("time", 0.0));
-  }
-  for (auto& restart : restarts) {
-    const double died = restart["died_unix_s"].get<double>();
-    for (double t : first_steps)
-      if (t > died) {
-        restart["recovery_s"] = t - died;
-        break;
-      }
-  }
-  nlohmann::json manifest = nlohmann::json::parse(read_text_file(path, "manifest"));
-  manifest["restarts"] = restarts;
-  manifest["restart_count"] = restarts.size();
-  if (!final_failure.empty()) manifest["final_failure"] = final_failure;
-  write_file_atomically(path, manifest.dump(2));
-  for (const auto& restart : restarts)
-    spdlog::info("restart to generation {}: {}; recovery {:.2f} s (death to the first step)",
-                 restart["generation"].get<int>(), restart["reason"].get<std::string>(),
-                 restart.value("recovery_s", -1.0));
-}
 
 // --resume RUN_DIR: continue in that run folder (its id, under its parent),
 // as overrides every worker receives. "" without --resume.
@@ -177,49 +146,27 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   spdlog::info("Decision: OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = {} ({} cores / {} local ranks; "
                "unless already set)", options.threads_per_rank, cores, options.nproc);
 
-  // Generation after generation: a worker that dies costs a restart from
-  // the newest complete checkpoint, while fault.max_restarts allows.
-  const std::string run_folder = (std::filesystem::path(config.job.run_dir) / run_id).string();
-  nlohmann::json restarts = nlohmann::json::array();
-  JobConfig generation_config = config;
-  for (int generation = 0;; ++generation) {
-    JobStateOptions job = job_options(generation_config, run_id);
-    job.generation = generation + 1;  // what `lockstep status` and the manifest show
-    CoordinatorServer coordinator(coordinator_options, job);
-    coordinator.start();
-    options.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
-    options.restart_count = generation;
-    LaunchFailure failure;
-    int code = launch_local(options, &failure);
-    if (code != 0) coordinator.abort("a worker process failed (see the launcher's message)");
-    int coordinator_code = coordinator.wait(code == 0 ? milliseconds(5000) : milliseconds(0));
-    const int result = code != 0 ? code : coordinator_code;
-    const bool restartable = result == 1 && !failure.interrupted && failure.rank >= 0;
-    if (!restartable || generation >= config.fault.max_restarts) {
-      if (restartable && config.fault.max_restarts > 0)
-        spdlog::error("lockstep run: {} in generation {}; the restart budget is spent "
-                      "(fault.max_restarts = {})", failure.what, generation,
-                      config.fault.max_restarts);
-      record_restarts(run_folder, restarts, result == 0 ? "" : failure.what);
-      spdlog::info("run folder: {}", run_folder);
-      return result;
-    }
-    std::vector<std::string> next = passed_on;
-    std::string from = "the start (no complete checkpoint yet)";
-    int64_t resumed_step = 0;
-    if (auto found = CheckpointStore(run_folder + "/checkpoints").newest_valid(nullptr)) {
-      next.push_back("checkpoint.resume=" + run_folder);
-      from = "the checkpoint at step " + std::to_string(found->step);
-      resumed_step = found->step;
-    }
-    generation_config = checked_job(job_file, next);
-    spdlog::warn("Decision: restart = generation {} ({}; fault.max_restarts = {}, {} left after "
-                 "this one; every rank starts again from {})", generation + 1, failure.what,
-                 config.fault.max_restarts, config.fault.max_restarts - generation - 1, from);
-    restarts.push_back({{"generation", generation + 1}, {"reason", failure.what},
-                        {"dead_rank", failure.rank}, {"died_unix_s", failure.unix_s},
-                        {"resumed_from_step", resumed_step}});
-  }
+  JobStateOptions job = job_options(config, run_id);
+  // Every worker is a child of this process: one the coordinator declares
+  // dead (silent, not exited) is killed so that a replacement can take its place.
+  job.on_rank_declared_dead = [](int pid) {
+    spdlog::warn("launcher: SIGKILL to pid {}, declared dead, so that a replacement can start", pid);
+    ::kill(pid, SIGKILL);
+  };
+  CoordinatorServer coordinator(coordinator_options, job);
+  coordinator.start();
+  options.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
+  JobState& state = coordinator.job_state();
+  // A worker that dies costs a restart from the newest complete checkpoint
+  // while fault.max_restarts allows: the coordinator decides.
+  options.replace = [&state](pid_t pid, const std::string& what, bool bad_input) {
+    return state.process_ended(int(pid), what, bad_input);
+  };
+  const int code = launch_local(options);
+  if (code != 0) coordinator.abort("a worker process failed (see the launcher's message)");
+  const int coordinator_code = coordinator.wait(code == 0 ? milliseconds(5000) : milliseconds(0));
+  spdlog::info("run folder: {}", (std::filesystem::path(config.job.run_dir) / run_id).string());
+  return code != 0 ? code : coordinator_code;
 }
 
 int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,
@@ -260,19 +207,19 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
   return coordinator.wait();
 }
 
-int worker_command(const std::string& job_file, const std::vector<std::string>& overrides,
-                   const ConnectionFlags& connection, std::chrono::steady_clock::time_point start) {
-  if (connection.coordinator.empty()) return torchrun_worker(job_file, overrides, start);
-  if (!job_file.empty() || !overrides.empty())
-    throw InputError("with --coordinator the job comes from the coordinator: drop the job file "
-                     "and --set");
-  CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
-                            connection.tls_ca});
+namespace {
+
+// One generation of a coordinated worker: joins, trains, reports. Returns
+// the generation when the coordinator ended it and the job restarts (the
+// caller joins again from this process), 0 when this rank finished.
+int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& connection,
+                        int64_t previous_generation, std::chrono::steady_clock::time_point start) {
   v1::JoinRequest request;
   request.set_api_version("lockstep.v1");
   request.set_hostname(host_name());
   request.set_local_rank(env_int("LOCAL_RANK", -1));
   request.set_pid(::getpid());
+  request.set_previous_generation(previous_generation);
   if (std::getenv("RANK")) request.set_claimed_rank(env_int("RANK", 0));
   v1::JoinReply reply;
   grpc::Status joined = client.join(request, &reply, std::chrono::minutes(30));
@@ -285,19 +232,31 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
       throw InputError(message);
     throw RunError(message);
   }
+  start_new_generation();
+  // The generation, as torchrun tells its workers (and for test.fail_generations).
+  const std::string restart_count = std::to_string(reply.generation() - 1);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", restart_count.c_str(), 1);
+  ::setenv("LOCKSTEP_RESTART_COUNT", restart_count.c_str(), 1);
   JobConfig config = config_from_join(reply);
-  spdlog::info("joined run {} as rank {} of {} (generation {}) through {}", reply.run_id(),
-               reply.rank(), reply.world_size(), reply.generation(), connection.coordinator);
+  spdlog::info("joined run {} as rank {} of {} (generation {}{}) through {}", reply.run_id(),
+               reply.rank(), reply.world_size(), reply.generation(),
+               previous_generation > 0 ? ", the same process as in generation " +
+                                             std::to_string(previous_generation)
+                                       : "",
+               connection.coordinator);
 
   HeartbeatLoop heartbeat(client, {reply.run_id(), reply.rank(), reply.generation(),
                                    to_ms(config.fault.heartbeat_s),
-                                   to_ms(config.fault.heartbeat_timeout_s)});
+                                   to_ms(config.fault.heartbeat_timeout_s),
+                                   to_ms(config.comm.collective_timeout_s + 10)});
   CoordinatorRendezvous rendezvous(reply, client.host());
   WorkerOptions options;
   options.process_start = start;
   const char* terminal = std::getenv("LOCKSTEP_TERMINAL");
   options.terminal = terminal ? std::string(terminal) == "1" : ::isatty(STDOUT_FILENO);
   options.observer = &heartbeat;
+  options.restarted = reply.resume();
+  options.generation = reply.generation();
 
   v1::ReportRequest report;
   report.set_run_id(reply.run_id());
@@ -309,15 +268,24 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
     report.set_success(true);
     report.set_metrics_json(summary.metrics.dump());
     report.set_decisions_json(summary.decisions.dump());
+  } catch (const GenerationEnded& e) {
+    spdlog::warn("rank {}: {}; joining the next generation", reply.rank(), e.what());
+    heartbeat.stop();
+    return reply.generation();
   } catch (const std::exception& e) {
-    const bool own_check = dynamic_cast<const RunError*>(&e) || dynamic_cast<const InputError*>(&e);
-    if (!own_check) {
-      // A LibTorch or Gloo error, most often a peer that vanished mid-collective.
-      // The coordinator decides who failed: its ABORT (on the running heartbeat
-      // thread) ends this process naming the dead rank. Wait for that verdict.
+    const bool peer_may_be_lost = dynamic_cast<const BarrierTimeout*>(&e) ||
+                                  !(dynamic_cast<const RunError*>(&e) || dynamic_cast<const InputError*>(&e));
+    if (peer_may_be_lost) {
+      // A LibTorch or Gloo error, or a barrier a peer never reached: most
+      // often a peer that vanished. The coordinator decides: REJOIN (the job
+      // restarts) or ABORT (ends this process naming the dead rank).
       spdlog::warn("rank {}: {}; waiting up to {:g} s for the coordinator's verdict on the peers",
                    reply.rank(), e.what(), config.fault.heartbeat_timeout_s + 2);
-      std::this_thread::sleep_for(to_ms(config.fault.heartbeat_timeout_s + 2));
+      if (heartbeat.wait_for_generation_end(to_ms(config.fault.heartbeat_timeout_s + 2))) {
+        heartbeat.stop();
+        spdlog::warn("rank {}: joining the next generation", reply.rank());
+        return reply.generation();
+      }
     }
     heartbeat.stop();
     report.set_success(false);
@@ -329,6 +297,24 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
   if (auto sent = client.report(report, milliseconds(10000)); !sent.ok())
     spdlog::warn("could not report to the coordinator: {}", describe(sent));
   return 0;
+}
+
+}  // namespace
+
+int worker_command(const std::string& job_file, const std::vector<std::string>& overrides,
+                   const ConnectionFlags& connection, std::chrono::steady_clock::time_point start) {
+  if (connection.coordinator.empty()) return torchrun_worker(job_file, overrides, start);
+  if (!job_file.empty() || !overrides.empty())
+    throw InputError("with --coordinator the job comes from the coordinator: drop the job file "
+                     "and --set");
+  CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
+                            connection.tls_ca});
+  // Generation after generation while the coordinator restarts the job.
+  for (int64_t previous = 0;;) {
+    previous = run_one_generation(client, connection, previous, start);
+    if (previous == 0) return 0;
+    start = std::chrono::steady_clock::now();
+  }
 }
 
 int audit_command(const std::string& run_dir, bool json) {
@@ -353,9 +339,10 @@ int status_command(const ConnectionFlags& connection, bool json) {
     std::printf("%s\n", text.c_str());
     return 0;
   }
-  std::printf("run %s: %s, generation %lld, %d of %d joined%s%s\n", reply.run_id().c_str(),
-              reply.state().c_str(), static_cast<long long>(reply.generation()), reply.joined(),
-              reply.world_size(), reply.failure().empty() ? "" : "\nfailure: ",
+  std::printf("run %s: %s, generation %lld (restarts %d of %d allowed), %d of %d joined%s%s\n",
+              reply.run_id().c_str(), reply.state().c_str(),
+              static_cast<long long>(reply.generation()), reply.restarts(), reply.max_restarts(),
+              reply.joined(), reply.world_size(), reply.failure().empty() ? "" : "\nfailure: ",
               reply.failure().c_str());
   if (!reply.last_audit().empty()) std::printf("last audit: %s\n", reply.last_audit().c_str());
   std::printf("%4s  %-20s %8s %8s %9s %10s %8s  %s\n", "rank", "host", "pid", "step", "loss",

@@ -74,8 +74,9 @@ std::vector<std::string> child_environment(const LaunchOptions& options, int ran
   env["LOCAL_RANK"] = std::to_string(rank);
   env["LOCAL_WORLD_SIZE"] = std::to_string(options.nproc);
   env["LOCKSTEP_TOKEN"] = options.token;
-  env["TORCHELASTIC_RESTART_COUNT"] = env["LOCKSTEP_RESTART_COUNT"] =
-      std::to_string(options.restart_count);
+  // TORCHELASTIC_RESTART_COUNT and LOCKSTEP_RESTART_COUNT: set by the worker
+  // from the generation it joins.
+  for (const char* name : {"TORCHELASTIC_RESTART_COUNT", "LOCKSTEP_RESTART_COUNT"}) env.erase(name);
   env["LOCKSTEP_TERMINAL"] = options.terminal ? "1" : "0";
   for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
     if (!env.count(name)) env[name] = std::to_string(options.threads_per_rank);
@@ -130,7 +131,7 @@ void signal_running(std::vector<Child>& children, int signal_number) {
 
 }  // namespace
 
-int launch_local(const LaunchOptions& options, LaunchFailure* report) {
+int launch_local(const LaunchOptions& options) {
   using Clock = std::chrono::steady_clock;
   spdlog::info("launcher: starting {} workers for the coordinator at {}", options.nproc,
                options.coordinator);
@@ -150,7 +151,7 @@ int launch_local(const LaunchOptions& options, LaunchFailure* report) {
     throw;
   }
 
-  int first_failed = -1;
+  int first_failed = -1;  // index into children
   std::string failure;
   Clock::time_point stop_started{};
   bool stopping = false, killed = false;
@@ -178,7 +179,8 @@ int launch_local(const LaunchOptions& options, LaunchFailure* report) {
         owners[i]->output = -1;
       }
     }
-    for (auto& c : children) {
+    for (size_t i = 0; i < children.size(); ++i) {
+      Child& c = children[i];
       if (!c.running) continue;
       int status = 0;
       if (::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
@@ -186,19 +188,23 @@ int launch_local(const LaunchOptions& options, LaunchFailure* report) {
       c.status = status;
       --running;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && first_failed < 0 && !stopping) {
-        first_failed = c.rank;
-        failure = "rank " + std::to_string(c.rank) + " " + describe_status(status);
-        spdlog::error("launcher: {}; stopping the other ranks", failure);
-        if (report)
-          *report = {c.rank, failure,
-                     std::chrono::duration<double>(
-                         std::chrono::system_clock::now().time_since_epoch()).count(), false};
+      if (ok || first_failed >= 0 || stopping || g_interrupted) continue;
+      const bool bad_input = WIFEXITED(status) && WEXITSTATUS(status) == 2;
+      if (options.replace && options.replace(c.pid, describe_status(status), bad_input)) {
+        const int local_rank = c.rank;
+        const pid_t old_pid = c.pid;
+        children.push_back(spawn_worker(options, local_rank));  // `c` may move
+        ++running;
+        spdlog::warn("launcher: local rank {} (pid {}) {}; the job restarts: replacement pid {}",
+                     local_rank, old_pid, describe_status(status), children.back().pid);
+        continue;
       }
+      first_failed = int(i);
+      failure = "rank " + std::to_string(c.rank) + " " + describe_status(status);
+      spdlog::error("launcher: {}; stopping the other ranks", failure);
     }
     if (g_interrupted && !stopping) {
       failure = "interrupted by a signal";
-      if (report) report->interrupted = true;
       spdlog::warn("launcher: interrupted; stopping every rank");
     }
     if ((first_failed >= 0 || g_interrupted) && !stopping && running > 0) {

@@ -2,7 +2,11 @@
 // The local launcher behind `lockstep run`: starts N worker processes that
 // join the (embedded) coordinator, with posix_spawn (never fork: the launcher holds
 // LibTorch threads), streams their output with a rank prefix, and on the
-// first failure stops the others.
+// first failure stops the others, unless the coordinator restarts the job:
+// then it starts a replacement for the worker that ended.
+#include <sys/types.h>
+
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,22 +20,17 @@ struct LaunchOptions {
   int threads_per_rank = 1;             // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS
   bool terminal = false;                // our stdout is a terminal
   double stop_grace_s = 5;              // SIGTERM, then SIGKILL after this
-  int restart_count = 0;                // generation: TORCHELASTIC_RESTART_COUNT, LOCKSTEP_RESTART_COUNT
-};
-
-// What ended a launch that failed.
-struct LaunchFailure {
-  int rank = -1;             // the first rank to fail (-1: none, or interrupted)
-  std::string what;          // "rank 1 killed by signal 9", ...
-  double unix_s = 0;         // when the launcher saw it
-  bool interrupted = false;  // SIGINT / SIGTERM to the launcher
+  // Asked when a worker ends unsuccessfully (`what`: "exited with status 1",
+  // ...; `bad_input`: status 2): true = the job goes on, start a replacement
+  // with the same LOCAL_RANK. Unset: every failure stops the launch.
+  std::function<bool(pid_t pid, const std::string& what, bool bad_input)> replace;
 };
 
 // Worker i gets LOCAL_RANK = i, so the coordinator's ordering (host, local
 // rank) makes it rank i. Runs the workers to the end. Returns the exit code for `lockstep run`:
-// 0 when every rank succeeded; 2 when the first rank to fail exited with 2
-// (bad input); 1 otherwise. Names the first failing rank and its status.
-// `failure` (may be null) is filled when the launch fails.
-int launch_local(const LaunchOptions& options, LaunchFailure* failure = nullptr);
+// 0 when every rank succeeded; 2 when the first failure that was not
+// replaced was an exit with 2 (bad input); 1 otherwise. Names that rank and
+// its status.
+int launch_local(const LaunchOptions& options);
 
 }  // namespace lockstep

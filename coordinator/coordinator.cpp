@@ -1,5 +1,6 @@
 #include "coordinator/coordinator.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -23,6 +24,50 @@ bool same_secret(const std::string& a, const std::string& b) {
 }
 
 }  // namespace
+
+void add_recovery_costs(const std::string& run_folder, nlohmann::json& restarts) {
+  struct Event {
+    std::string kind;
+    double time;
+    int64_t step;
+  };
+  // Rank 0's resumes and first steps (every generation's), and how far
+  // every rank had got when its generation failed under it.
+  std::vector<Event> events;
+  for (int rank = 0;; ++rank) {
+    std::ifstream in(run_folder + "/events-rank" + std::to_string(rank) + ".jsonl");
+    if (!in) break;
+    for (std::string line; std::getline(in, line);) {
+      auto event = nlohmann::json::parse(line, nullptr, false);
+      if (event.is_discarded()) continue;
+      const std::string kind = event.value("event", "");
+      const double time = event.value("time", 0.0);
+      if (kind == "failed") events.push_back({kind, time, event.value("steps_done", int64_t(0))});
+      else if (rank == 0 && (kind == "first_step" || kind == "resumed"))
+        events.push_back({kind, time, event.value("step", int64_t(0))});
+    }
+  }
+  std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.time < b.time; });
+  for (auto& restart : restarts) {
+    const double died = restart.value("died_unix_s", 0.0);
+    int64_t resumed = 0, reached = restart.value("last_step_reported", int64_t(0));
+    double generation_start = 0;  // the first step of the generation that failed
+    for (const auto& e : events)
+      if (e.kind == "first_step" && e.time <= died) generation_start = e.time;
+    for (const auto& e : events) {
+      if (e.time <= generation_start) continue;
+      if (e.kind == "failed") reached = std::max(reached, e.step);
+      if (e.time <= died) continue;
+      if (e.kind == "resumed") resumed = e.step;
+      if (e.kind != "first_step") continue;
+      restart["recovery_s"] = e.time - died;
+      restart["resumed_from_step"] = resumed;
+      restart["steps_reached"] = reached;
+      restart["steps_redone"] = std::max<int64_t>(0, reached - resumed);
+      break;
+    }
+  }
+}
 
 std::string read_secret_file(const std::string& path, const std::string& what) {
   std::string text = read_text_file(path, what);
@@ -177,6 +222,18 @@ void CoordinatorServer::write_manifest() const {
     manifest["run_id"] = job_.run_id;
   }
   manifest["coordinator"] = state_->to_json();
+  nlohmann::json restarts = manifest["coordinator"]["restarts"];
+  if (!restarts.empty()) {
+    add_recovery_costs(folder.path(), restarts);
+    manifest["restarts"] = restarts;
+    manifest["restart_count"] = restarts.size();
+    if (state_->state() == JobState::State::kFailed) manifest["final_failure"] = state_->failure();
+    for (const auto& r : restarts)
+      spdlog::info("coordinator: restart to generation {}: {}; recovery {:.2f} s (death to the "
+                   "first step), {} steps redone", r["generation"].get<int64_t>(),
+                   r["reason"].get<std::string>(), r.value("recovery_s", -1.0),
+                   r.value("steps_redone", int64_t(-1)));
+  }
   if (state_->state() == JobState::State::kFailed) {
     manifest["status"] = "failed";
     if (!manifest.contains("error")) manifest["error"] = state_->failure();

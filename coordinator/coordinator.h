@@ -60,6 +60,12 @@ class CoordinatorServer {
   int port_ = 0;
 };
 
+// Fills each restart's recovery_s (its death to the end of the first step
+// after it), resumed_from_step, steps_reached (the most steps a rank had
+// finished when the generation failed) and steps_redone, from the run
+// folder's events files.
+void add_recovery_costs(const std::string& run_folder, nlohmann::json& restarts);
+
 // Reads a file's whole contents; throws InputError naming `what` and the path.
 std::string read_secret_file(const std::string& path, const std::string& what);
 // "abcd…(32 chars)": enough to tell tokens apart, never the whole secret.

@@ -19,7 +19,12 @@ double seconds_between(JobState::Clock::time_point a, JobState::Clock::time_poin
 
 }  // namespace
 
-JobState::JobState(JobStateOptions options) : options_(std::move(options)) {}
+JobState::JobState(JobStateOptions options)
+    : options_(std::move(options)), generation_(options_.generation), waiting_since_(created_) {}
+
+bool JobState::rendezvous_expired_locked(Clock::time_point now) const {
+  return state_ == State::kWaiting && now >= waiting_since_ + options_.rendezvous_timeout;
+}
 
 const char* JobState::state_name(State state) {
   switch (state) {
@@ -87,6 +92,32 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
     return {grpc::StatusCode::NOT_FOUND,
             "unknown run id '" + request.run_id() + "': this coordinator runs '" +
                 options_.run_id + "'"};
+  if (state_ == State::kRunning && int(restarts_.size()) < options_.max_restarts) {
+    // A replacement, started by a supervisor that saw a worker die. When it
+    // names its slot (LOCAL_RANK) and that slot's rank is still listed as
+    // running, the old process is gone: restart now rather than after the
+    // heartbeat timeout. Otherwise it waits for the restart.
+    auto same_slot = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& w) {
+      return request.local_rank() >= 0 && w.host == request.hostname() &&
+             w.local_rank == request.local_rank() && w.state == "running";
+    });
+    if (same_slot != workers_.end()) {
+      same_slot->state = "dead";
+      restart_or_fail_locked("rank " + std::to_string(same_slot->rank) + " (" + same_slot->host +
+                                 " pid " + std::to_string(same_slot->pid) + ") was replaced: " +
+                                 "pid " + std::to_string(request.pid()) + " joined for its slot " +
+                                 "(local rank " + std::to_string(request.local_rank()) + ")",
+                             same_slot->rank);
+    } else {
+      spdlog::info("coordinator: {} pid {} arrived while generation {} runs: it waits as a "
+                   "replacement for the next generation", request.hostname(), request.pid(),
+                   generation_);
+      changed_.wait_until(lock, give_up, [&] { return state_ != State::kRunning; });
+    }
+  }
+  if (state_ == State::kCompleted || state_ == State::kFailed)
+    return {grpc::StatusCode::ABORTED, "job " + options_.run_id + " has ended (" +
+                                           state_name(state_) + "): nothing to join"};
   if (state_ != State::kWaiting || int(workers_.size()) >= options_.world_size)
     return {grpc::StatusCode::RESOURCE_EXHAUSTED,
             "job " + options_.run_id + " is full: " + std::to_string(workers_.size()) + " of " +
@@ -116,17 +147,23 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
   worker.local_rank = request.local_rank();
   worker.pid = request.pid();
   worker.peer = peer;
-  worker.join_order = int(workers_.size());
+  worker.join_order = joins_++;
   worker.joined_at = utc_timestamp();
   worker.rank = request.has_claimed_rank() ? request.claimed_rank() : -1;
+  worker.previous_generation = request.previous_generation();
   workers_.push_back(worker);
-  const size_t index = workers_.size() - 1;
-  spdlog::info("coordinator: join {} of {}: {} local rank {} pid {} from {}", workers_.size(),
-               options_.world_size, worker.host, worker.local_rank, worker.pid, peer);
+  const int join_order = worker.join_order;
+  spdlog::info("coordinator: join {} of {}{}: {} local rank {} pid {} from {}{}", workers_.size(),
+               options_.world_size, generation_ > options_.generation
+                   ? " for generation " + std::to_string(generation_) : "",
+               worker.host, worker.local_rank, worker.pid, peer,
+               worker.previous_generation > 0
+                   ? " (the same process, back from generation " +
+                         std::to_string(worker.previous_generation) + ")"
+                   : "");
 
   if (int(workers_.size()) == options_.world_size) {
     assign_ranks_locked();
-    generation_ = options_.generation;
     state_ = State::kRunning;
     for (auto& w : workers_) {
       w.state = "running";
@@ -136,20 +173,30 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
                  options_.world_size, generation_, options_.run_id);
     changed_.notify_all();
   }
-  const auto deadline = std::min(give_up, created_ + options_.rendezvous_timeout);
-  changed_.wait_until(lock, deadline, [&] { return state_ != State::kWaiting; });
+  // This join's generation: a restart during the wait (a waiting worker's
+  // process ended) keeps it; only running or ending releases the wait.
+  const int64_t joined_generation = generation_;
+  changed_.wait_until(lock, std::min(give_up, waiting_since_ + options_.rendezvous_timeout), [&] {
+    return state_ != State::kWaiting || rendezvous_expired_locked(Clock::now());
+  });
+  auto mine = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& w) {
+    return w.join_order == join_order;
+  });
   if (state_ == State::kWaiting) {
-    if (Clock::now() >= created_ + options_.rendezvous_timeout) {
+    if (rendezvous_expired_locked(Clock::now())) {
       fail_locked("rendezvous timed out after " +
                   std::to_string(options_.rendezvous_timeout.count() / 1000.0).substr(0, 5) +
                   " s: " + who_joined_locked());
     } else {  // this caller gave up: take it off the list
-      workers_.erase(workers_.begin() + long(index));
+      if (mine != workers_.end()) workers_.erase(mine);
       return {grpc::StatusCode::DEADLINE_EXCEEDED, "gave up waiting for the other workers"};
     }
   }
   if (state_ == State::kFailed) return {grpc::StatusCode::ABORTED, failure_};
-  const Worker& me = workers_[index];
+  if (mine == workers_.end() || generation_ != joined_generation)
+    return {grpc::StatusCode::ABORTED, "generation " + std::to_string(joined_generation) +
+                                           " ended before it started; join again"};
+  const Worker& me = *mine;
   reply->set_rank(me.rank);
   reply->set_world_size(options_.world_size);
   reply->set_generation(generation_);
@@ -161,6 +208,7 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
   reply->set_store_port(options_.store_port);
   reply->set_local_world_size(me.local_world_size);
   reply->set_local_rank(me.local_index);
+  reply->set_resume(generation_ > options_.generation);
   return grpc::Status::OK;
 }
 
@@ -179,6 +227,20 @@ JobState::Worker* JobState::find_locked(const std::string& run_id, int rank, int
 
 grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatReply* reply) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (request.run_id() == options_.run_id && request.generation() >= options_.generation &&
+      request.generation() < generation_) {
+    // A rank of a generation that ended in a restart.
+    if (state_ == State::kFailed) {
+      reply->set_command(v1::HeartbeatReply::ABORT);
+      reply->set_reason(failure_);
+    } else {
+      reply->set_command(v1::HeartbeatReply::REJOIN);
+      reply->set_reason("generation " + std::to_string(request.generation()) + " ended (" +
+                        restarts_.back().value("reason", "") + "); join generation " +
+                        std::to_string(generation_));
+    }
+    return grpc::Status::OK;
+  }
   grpc::Status error;
   Worker* w = find_locked(request.run_id(), request.rank(), request.generation(), &error);
   if (!w) return error;
@@ -209,6 +271,9 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
 
 grpc::Status JobState::report(const v1::ReportRequest& request) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (request.run_id() == options_.run_id && request.generation() >= options_.generation &&
+      request.generation() < generation_)
+    return grpc::Status::OK;  // that generation is over; its restart is already counted
   grpc::Status error;
   Worker* w = find_locked(request.run_id(), request.rank(), request.generation(), &error);
   if (!w) return error;
@@ -267,10 +332,77 @@ void JobState::fail(const std::string& reason) {
   fail_locked(reason);
 }
 
+void JobState::restart_or_fail_locked(const std::string& reason, int dead_rank) {
+  if (state_ == State::kFailed || state_ == State::kCompleted) return;
+  if (int(restarts_.size()) >= options_.max_restarts) {
+    fail_locked(options_.max_restarts == 0
+                    ? reason
+                    : reason + "; the restart budget is spent (fault.max_restarts = " +
+                          std::to_string(options_.max_restarts) + ")");
+    return;
+  }
+  int64_t last_step = 0;
+  for (const auto& w : workers_) last_step = std::max(last_step, w.step);
+  const bool was_running = state_ == State::kRunning;
+  if (was_running) {  // the generation ends; its processes may come back
+    earlier_generations_.push_back({{"generation", generation_}, {"workers", workers_json_locked()}});
+    for (const auto& w : workers_)
+      if (w.state != "dead") earlier_pids_.insert(w.pid);
+    workers_.clear();
+    ++generation_;
+    state_ = State::kWaiting;
+  }
+  waiting_since_ = Clock::now();
+  restarts_.push_back(
+      {{"generation", generation_},
+       {"reason", reason},
+       {"dead_rank", dead_rank},
+       {"died_at", utc_timestamp()},
+       {"died_unix_s",
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
+       {"last_step_reported", last_step},
+       {"during", was_running ? "training" : "the rendezvous"}});
+  const int left = options_.max_restarts - int(restarts_.size());
+  spdlog::warn("Decision: restart = generation {} ({}; fault.max_restarts = {}, {} left after this "
+               "one; live ranks rejoin from their processes, lost ones are replaced, and every rank "
+               "continues from the newest complete checkpoint)",
+               generation_, reason, options_.max_restarts, left);
+  changed_.notify_all();
+}
+
+bool JobState::process_ended(int pid, const std::string& what, bool bad_input) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ == State::kFailed || state_ == State::kCompleted) return false;
+  auto w = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& x) { return x.pid == pid; });
+  if (w == workers_.end()) {
+    // A process of a restarted generation that could not rejoin: replace it,
+    // that restart is counted already.
+    if (earlier_pids_.erase(pid)) return true;
+    const std::string reason = "a worker process (pid " + std::to_string(pid) + ") " + what +
+                               " before it joined";
+    if (bad_input) fail_locked(reason + ": bad input, a restart would fail the same way");
+    else restart_or_fail_locked(reason, -1);
+    return state_ != State::kFailed;
+  }
+  if (w->state == "finished") return false;
+  const std::string reason = (w->rank >= 0 ? "rank " + std::to_string(w->rank) : "a joined worker") +
+                             " (" + w->host + " pid " + std::to_string(pid) + ") " + what;
+  const int rank = state_ == State::kRunning ? w->rank : -1;
+  if (state_ == State::kWaiting) {
+    workers_.erase(w);  // still forming: the replacement takes its place
+  } else {
+    w->state = "dead";
+    spdlog::error("coordinator: {} at step {}", reason, w->step);
+  }
+  if (bad_input) fail_locked(reason + ": bad input, a restart would fail the same way");
+  else restart_or_fail_locked(reason, rank);
+  return state_ != State::kFailed;
+}
+
 void JobState::check_liveness() {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  if (state_ == State::kWaiting && now >= created_ + options_.rendezvous_timeout) {
+  if (rendezvous_expired_locked(now)) {
     fail_locked("rendezvous timed out after " +
                 std::to_string(options_.rendezvous_timeout.count() / 1000.0).substr(0, 5) +
                 " s: " + who_joined_locked());
@@ -278,16 +410,23 @@ void JobState::check_liveness() {
   }
   if (state_ != State::kRunning && state_ != State::kFailed) return;
   for (auto& w : workers_) {
-    if (w.state != "running") continue;
+    if (w.state != "running" || state_ == State::kWaiting) continue;
     double silent = seconds_between(w.last_heartbeat, now);
     if (silent * 1000.0 <= double(options_.heartbeat_timeout.count())) continue;
     w.state = "dead";
     spdlog::error("coordinator: rank {} ({} pid {}) declared dead: no heartbeat for {:.1f} s "
                   "(fault.heartbeat_timeout_s = {:g}), last step {}",
                   w.rank, w.host, w.pid, silent, options_.heartbeat_timeout.count() / 1000.0, w.step);
-    fail_locked("rank " + std::to_string(w.rank) + " (" + w.host + " pid " + std::to_string(w.pid) +
-                ") is dead: no heartbeat for " + std::to_string(silent).substr(0, 4) +
-                " s, last step " + std::to_string(w.step));
+    const std::string reason = "rank " + std::to_string(w.rank) + " (" + w.host + " pid " +
+                               std::to_string(w.pid) + ") is dead: no heartbeat for " +
+                               std::to_string(silent).substr(0, 4) + " s, last step " +
+                               std::to_string(w.step);
+    if (options_.on_rank_declared_dead) options_.on_rank_declared_dead(w.pid);
+    if (state_ == State::kRunning) {
+      restart_or_fail_locked(reason, w.rank);  // may end this generation: workers_ is cleared
+      return;
+    }
+    fail_locked(reason);
   }
 }
 
@@ -327,6 +466,8 @@ void JobState::status(v1::StatusReply* reply) const {
   reply->set_failure(failure_);
   reply->set_joined(int(workers_.size()));
   reply->set_last_audit(last_audit_);
+  reply->set_restarts(int(restarts_.size()));
+  reply->set_max_restarts(options_.max_restarts);
   std::vector<const Worker*> by_rank;
   for (const auto& w : workers_) by_rank.push_back(&w);
   std::sort(by_rank.begin(), by_rank.end(),
@@ -346,8 +487,7 @@ void JobState::status(v1::StatusReply* reply) const {
   }
 }
 
-nlohmann::json JobState::to_json() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+nlohmann::json JobState::workers_json_locked() const {
   nlohmann::json workers = nlohmann::json::array();
   for (const auto& w : workers_)
     workers.push_back({{"rank", w.rank}, {"host", w.host}, {"local_rank", w.local_rank},
@@ -356,9 +496,17 @@ nlohmann::json JobState::to_json() const {
                        {"heartbeats", w.heartbeats},
                        {"max_heartbeat_gap_s", w.max_heartbeat_gap_s},
                        {"heartbeats_missed", w.heartbeats_missed},
-                       {"last_step", w.step}, {"error", w.error}});
+                       {"last_step", w.step}, {"error", w.error},
+                       {"back_from_generation", w.previous_generation}});
+  return workers;
+}
+
+nlohmann::json JobState::to_json() const {
+  std::lock_guard<std::mutex> lock(mutex_);
   return {{"state", state_name(state_)}, {"failure", failure_}, {"generation", generation_},
-          {"world_size", options_.world_size}, {"workers", workers}};
+          {"world_size", options_.world_size}, {"workers", workers_json_locked()},
+          {"restarts", restarts_}, {"max_restarts", options_.max_restarts},
+          {"earlier_generations", earlier_generations_}};
 }
 
 }  // namespace lockstep

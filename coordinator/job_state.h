@@ -13,8 +13,16 @@
 //      than the heartbeat timeout, or a rank that reports failure, fails the
 //      job, and every other rank's next heartbeat is answered ABORT;
 //   4. completed when every rank reported success.
+// With fault.max_restarts > 0 a lost rank (dead, silent, or a process the
+// launcher saw end) restarts the job instead of failing it, while the budget
+// lasts: the generation ends, live ranks of it are answered REJOIN and join
+// again from the same process, replacements join too, and the next
+// generation starts from step 1 of the protocol with `resume` set, so every
+// rank continues from the newest complete checkpoint. Each restart is
+// counted, with its reason, in the status and in manifest.json.
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,6 +51,10 @@ struct JobStateOptions {
   std::chrono::milliseconds heartbeat_period{1000};  // what workers were told to keep
   std::string audit_log;  // audit.jsonl: one line per audited step ("" = keep none)
   int64_t generation = 1;  // the one that starts when every worker has joined (restarts: 2, 3, ...)
+  int max_restarts = 0;    // fault.max_restarts: lost workers the job survives
+  // Called (under the job's lock: keep it short) with the pid of a rank the
+  // liveness check declared dead; `lockstep run` kills its child there.
+  std::function<void(int pid)> on_rank_declared_dead;
 };
 
 class JobState {
@@ -67,6 +79,11 @@ class JobState {
   void check_liveness();
   // Fails the job from outside (a signal to the coordinator, say).
   void fail(const std::string& reason);
+  // A launcher saw worker process `pid` end unsuccessfully (`what`: "was
+  // killed by signal 9", ...; `bad_input`: it exited with status 2). Returns
+  // true when the job goes on and wants a replacement process, false when
+  // the job failed (or had already ended).
+  bool process_ended(int pid, const std::string& what, bool bad_input);
 
   // Waits until the job has ended (completed or failed), at most `timeout`.
   bool wait_until_ended(std::chrono::milliseconds timeout) const;
@@ -103,12 +120,18 @@ class JobState {
     bool told_to_abort = false;
     std::string error;
     nlohmann::json metrics;
+    int64_t previous_generation = 0;  // the generation this process came back from (0: new)
   };
 
   void assign_ranks_locked();
   void fail_locked(const std::string& reason);
+  // A worker is lost: a new generation while fault.max_restarts allows,
+  // else the job fails with `reason`.
+  void restart_or_fail_locked(const std::string& reason, int dead_rank);
+  bool rendezvous_expired_locked(Clock::time_point now) const;
   void record_audits_locked(const v1::HeartbeatRequest& request);
   std::string who_joined_locked() const;
+  nlohmann::json workers_json_locked() const;
   Worker* find_locked(const std::string& run_id, int rank, int64_t generation, grpc::Status* error);
   static const char* state_name(State state);
 
@@ -119,7 +142,12 @@ class JobState {
   State state_ = State::kWaiting;       // guarded by mutex_
   std::vector<Worker> workers_;         // guarded by mutex_; index = join order
   std::string failure_;                 // guarded by mutex_
-  int64_t generation_ = 0;              // guarded by mutex_
+  int64_t generation_;                  // guarded by mutex_; forming or running
+  Clock::time_point waiting_since_;     // guarded by mutex_; this rendezvous began
+  nlohmann::json restarts_ = nlohmann::json::array();   // guarded by mutex_
+  nlohmann::json earlier_generations_ = nlohmann::json::array();  // guarded by mutex_
+  int joins_ = 0;                       // guarded by mutex_; every Join so far
+  std::set<int> earlier_pids_;          // guarded by mutex_; processes of restarted generations
   std::set<int64_t> audited_steps_;     // guarded by mutex_
   std::string last_audit_;              // guarded by mutex_
   std::unique_ptr<EventWriter> audit_log_;  // guarded by mutex_; opened at the first audit

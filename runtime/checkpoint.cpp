@@ -55,27 +55,37 @@ void write_checkpoint(const CheckpointStore& store, int64_t step, nlohmann::json
   control.barrier(tag + "-sealed");
 }
 
-FoundCheckpoint choose_checkpoint_to_resume(const JobConfig& config, int world_size,
-                                            ControlGroup& control, DecisionLog& decisions) {
-  const std::string& dir = config.checkpoint.resume;
+std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& config,
+                                                           const std::string& dir, bool restarted,
+                                                           int world_size, ControlGroup& control,
+                                                           DecisionLog& decisions) {
+  const std::string what = restarted ? "the restart" : "--resume " + dir;
   CheckpointStore store(dir + "/checkpoints");
   std::vector<std::string> rejected;
   std::optional<FoundCheckpoint> found = store.newest_valid(&rejected);
   std::string refused;
   for (const auto& r : rejected) refused += (refused.empty() ? "" : "; ") + r;
-  if (!found)
-    throw InputError("--resume " + dir + ": no complete checkpoint that verifies" +
+  if (!found && !restarted)
+    throw InputError(what + ": no complete checkpoint that verifies" +
                      (refused.empty() ? " (none was written: checkpoint.every = 0?)" : ": " + refused));
-  const auto steps = control.exchange("resume-step", std::to_string(found->step));
+  const auto steps = control.exchange("resume-step", found ? std::to_string(found->step) : "none");
   for (size_t r = 0; r < steps.size(); ++r)
     if (steps[r] != steps[0])
-      throw RunError("--resume: rank " + std::to_string(r) + " found the checkpoint of step " +
+      throw RunError(what + ": rank " + std::to_string(r) + " found the checkpoint of step " +
                      steps[r] + ", rank 0 that of step " + steps[0] +
                      " (do all ranks see the same run folder?)");
+  if (!found) {
+    decisions.record("resume_checkpoint", "none, step 0",
+                     "restarted before any checkpoint was complete" +
+                         (refused.empty() ? std::string() : " (refused: " + refused + ")") +
+                         "; every rank starts the job again",
+                     /*warn=*/true);
+    return std::nullopt;
+  }
   const nlohmann::json& meta = found->meta;
   auto must_match = [&](const std::string& key, const nlohmann::json& now, const char* field) {
     if (meta.contains(field) && meta[field] != now)
-      throw InputError("--resume " + dir + ": " + key + " was " + meta[field].dump() +
+      throw InputError(what + ": " + key + " was " + meta[field].dump() +
                        " in the checkpointed run and is " + now.dump() + " now; a resumed run " +
                        "must keep it (set it back, or start a new run)");
   };
@@ -87,10 +97,10 @@ FoundCheckpoint choose_checkpoint_to_resume(const JobConfig& config, int world_s
   must_match("optim.name", config.optim.name, "optimizer");
   decisions.record("resume_checkpoint", "step " + std::to_string(found->step),
                    refused.empty() ? "the newest complete checkpoint in " + dir + "; every file's "
-                                     "checksum verified"
+                                     "checksum verified" + (restarted ? " (automatic restart)" : "")
                                    : "newer ones refused: " + refused,
                    /*warn=*/!refused.empty());
-  return *found;
+  return found;
 }
 
 void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found, Model& model,

@@ -5,6 +5,7 @@
 // barrier) rank 0 seals the checkpoint with its index, then a second barrier,
 // so no rank goes on believing in a checkpoint that is not complete.
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -26,12 +27,16 @@ class Optimizer;
 void write_checkpoint(const CheckpointStore& store, int64_t step, nlohmann::json meta, Model& model,
                       const optim::Optimizer& optimizer, int rank, ControlGroup& control, int keep);
 
-// For checkpoint.resume: the newest checkpoint under it that verifies, the
-// same on every rank (a decision names any newer one refused and why).
-// Throws InputError when none verifies, or when the job changed a setting
-// that a resumed run cannot change (naming the key).
-FoundCheckpoint choose_checkpoint_to_resume(const JobConfig& config, int world_size,
-                                            ControlGroup& control, DecisionLog& decisions);
+// The newest checkpoint under run folder `run_dir` that verifies, the same
+// on every rank (a decision names any newer one refused and why). Throws
+// InputError when the job changed a setting that a resumed run cannot change
+// (naming the key), and when none verifies: for --resume (checkpoint.resume);
+// after an automatic restart (`restarted`) that means the start, step 0.
+std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& config,
+                                                           const std::string& run_dir,
+                                                           bool restarted, int world_size,
+                                                           ControlGroup& control,
+                                                           DecisionLog& decisions);
 
 // Loads a checkpoint's parameters, buffers, optimizer state and this rank's
 // random stream, then checks the parameter digest against the checkpoint's.

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "runtime/errors.h"
+#include "runtime/generation.h"
 
 namespace lockstep {
 namespace {
@@ -31,6 +32,7 @@ void ControlGroup::barrier(const std::string& name) {
   for (int r = 0; r < size(); ++r) keys.push_back(prefix + std::to_string(r));
   auto pause = std::chrono::milliseconds(1);
   while (!store_->check(keys)) {
+    throw_if_generation_ended("control-group barrier '" + name + "' on rank " + std::to_string(rank()));
     if (Clock::now() - start >= timeout_) {
       std::vector<int> missing;
       for (int r = 0; r < size(); ++r)

@@ -12,6 +12,7 @@
 #include "optim/optimizer.h"
 #include "runtime/checkpoint.h"
 #include "runtime/errors.h"
+#include "runtime/generation.h"
 #include "runtime/masked_loss.h"
 #include "runtime/progress.h"
 #include "runtime/reducer.h"
@@ -153,6 +154,7 @@ TrainingResult train(TrainerParts parts) {
                    last_epoch);
     parts.events.write({{"event", "resumed"}, {"step", first_step}, {"folder", parts.resume->folder}});
   }
+  if (parts.steps_done) *parts.steps_done = first_step;
   BatchStream batches(parts.data.train, parts.rank, parts.world_size, uint64_t(config.job.seed),
                       config.data.batch_size, int(config.data.prefetch), microbatches_done);
   const int64_t steps = total_steps(config, batches.batches_per_epoch());
@@ -219,6 +221,8 @@ TrainingResult train(TrainerParts parts) {
   };
 
   for (int64_t step = first_step; step < steps; ++step) {
+    throw_if_generation_ended("rank " + std::to_string(parts.rank) + " before step " +
+                              std::to_string(step + 1));
     const auto step_start = PhaseTimer::Clock::now();
     const double lr = optim::scheduled_lr(schedule, step);
     optimizer->set_lr(lr);  // the reducer zeroes the gradients (its buckets)
@@ -303,6 +307,7 @@ TrainingResult train(TrainerParts parts) {
     const double samples_per_s = window_seconds > 0 ? window_samples / window_seconds : 0.0;
     const double mean_loss = window_loss / double(window_steps);
     if (parts.rank == 0) progress.update(step + 1, mean_loss, lr, samples_per_s);
+    if (parts.steps_done) *parts.steps_done = step + 1;
     if (parts.observer) {
       parts.observer->on_step(step + 1, mean_loss, samples_per_s);
       if (parts.observer->stop_requested())

@@ -41,6 +41,7 @@ struct TrainerParts {
   ControlGroup* control = nullptr;  // may be null: no checkpoints
   std::string checkpoint_dir;       // RUN_DIR/checkpoints ("" = none)
   const FoundCheckpoint* resume = nullptr;  // continue from this checkpoint (in checkpoint_dir)
+  int64_t* steps_done = nullptr;    // may be null; kept current, so a failure can say how far it got
 };
 
 struct TrainingResult {

@@ -4,6 +4,7 @@
 
 #include "lockstep/proto/lockstep.grpc.pb.h"
 #include "runtime/errors.h"
+#include "runtime/process_group.h"
 #include "runtime/run_folder.h"
 
 namespace lockstep {
@@ -124,7 +125,11 @@ RendezvousResult CoordinatorRendezvous::join(std::chrono::milliseconds timeout) 
   const std::string store_host = reply_.store_host().empty() ? host_ : reply_.store_host();
   result.gloo_host = is_loopback(store_host) ? "127.0.0.1" : "";
   try {
-    result.store = open_tcp_store(store_host, reply_.store_port(), false, reply_.world_size(), timeout);
+    // One store serves every generation of the job: each generation's keys
+    // under their own prefix, so no rank reads an address a lost one left.
+    result.store = prefixed("generation-" + std::to_string(reply_.generation()) + "/",
+                            open_tcp_store(store_host, reply_.store_port(), false,
+                                           reply_.world_size(), timeout));
   } catch (const std::exception& e) {
     throw RunError("rank " + std::to_string(result.rank) + ": cannot reach the coordinator's store at " +
                    store_host + ":" + std::to_string(reply_.store_port()) + " (" + e.what() + ")");

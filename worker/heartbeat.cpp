@@ -5,6 +5,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/generation.h"
+
 namespace lockstep {
 
 HeartbeatLoop::HeartbeatLoop(CoordinatorClient& client, HeartbeatOptions options)
@@ -33,6 +35,11 @@ void HeartbeatLoop::stop() {
   for (auto& audit : unsent_audits_) request.add_audits_json(audit);
   v1::HeartbeatReply reply;
   if (client_.heartbeat(request, &reply, std::chrono::milliseconds(5000)).ok()) unsent_audits_.clear();
+}
+
+bool HeartbeatLoop::wait_for_generation_end(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return verdict_.wait_for(lock, timeout, [] { return generation_ended(); });
 }
 
 void HeartbeatLoop::on_phase(const std::string& phase) {
@@ -64,6 +71,7 @@ void HeartbeatLoop::leave(const std::string& why) {
 void HeartbeatLoop::run() {
   using Clock = std::chrono::steady_clock;
   auto last_answer = Clock::now();
+  Clock::time_point told_to_rejoin{};
   std::string last_error;
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
@@ -83,6 +91,23 @@ void HeartbeatLoop::run() {
       if (reply.command() == v1::HeartbeatReply::ABORT)
         leave("rank " + std::to_string(options_.rank) + ": the coordinator says abort: " +
               reply.reason() + "; leaving the collective now");
+      if (reply.command() == v1::HeartbeatReply::REJOIN) {
+        if (!generation_ended()) {
+          spdlog::warn("rank {}: the coordinator restarts the job: {}; unwinding to join again "
+                       "from this process", options_.rank, reply.reason());
+          told_to_rejoin = Clock::now();
+          {
+            std::lock_guard<std::mutex> ended(mutex_);
+            end_generation(reply.reason());
+          }
+          verdict_.notify_all();
+        } else if (Clock::now() - told_to_rejoin > options_.rejoin_grace) {
+          leave("rank " + std::to_string(options_.rank) + ": told to rejoin " +
+                std::to_string(options_.rejoin_grace.count() / 1000) + " s ago, but the "
+                "training thread is still blocked (in a collective with the lost peer?); "
+                "ending this process so that a replacement can join");
+        }
+      }
       if (reply.command() == v1::HeartbeatReply::STOP && !stop_requested_) {
         spdlog::warn("rank {}: the coordinator asks to stop: {}", options_.rank, reply.reason());
         stop_requested_ = true;

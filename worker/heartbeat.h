@@ -3,7 +3,11 @@
 // it sends the latest step, phase, loss and throughput. The reply can end
 // the run: STOP sets stop_requested(); ABORT (a peer is gone, collectives
 // will never complete) ends this process at once with exit status 1, since
-// a rank blocked in a Gloo collective cannot be unwound. A coordinator that
+// a rank blocked in a Gloo collective cannot be unwound; REJOIN (the job
+// restarts without the lost peer) ends the generation (runtime/generation.h)
+// so the training thread unwinds and joins again; one that has not stopped
+// this loop within `rejoin_grace` is ended like ABORT, for its launcher or
+// supervisor to replace. A coordinator that
 // stays unreachable for longer than `timeout` ends the process the same way:
 // nothing waits forever.
 #include <atomic>
@@ -25,6 +29,7 @@ struct HeartbeatOptions {
   int64_t generation = 0;
   std::chrono::milliseconds period{1000};
   std::chrono::milliseconds timeout{10000};
+  std::chrono::milliseconds rejoin_grace{60000};
 };
 
 class HeartbeatLoop : public RunObserver {
@@ -39,6 +44,10 @@ class HeartbeatLoop : public RunObserver {
 
   // Stops sending (before the final Report).
   void stop();
+  // After an error on the training thread: waits at most `timeout` for the
+  // coordinator's verdict. True when it ended the generation (rejoin); an
+  // ABORT never returns (the process ends).
+  bool wait_for_generation_end(std::chrono::milliseconds timeout);
 
  private:
   void run();
@@ -48,6 +57,7 @@ class HeartbeatLoop : public RunObserver {
   const HeartbeatOptions options_;
   std::mutex mutex_;
   std::condition_variable wake_;
+  std::condition_variable verdict_;
   bool stopping_ = false;        // guarded by mutex_
   v1::HeartbeatRequest latest_;  // guarded by mutex_
   std::vector<std::string> unsent_audits_;  // guarded by mutex_

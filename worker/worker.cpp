@@ -122,8 +122,9 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   Manifest manifest;
   if (rank == 0) {
     folder.create();
-    // Resuming in the same folder: the earlier manifest is kept, not overwritten.
-    if (std::filesystem::exists(folder.file("manifest.json")))
+    // Resuming in the same folder: the earlier manifest is kept, not
+    // overwritten (a restarted generation continues the same one).
+    if (!options.restarted && std::filesystem::exists(folder.file("manifest.json")))
       std::filesystem::rename(folder.file("manifest.json"),
                               folder.file("manifest-before-" + utc_timestamp() + ".json"));
     manifest.folder = &folder;
@@ -138,6 +139,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                      {"config", to_json(config)},
                      {"config_sources", config.sources},
                      {"world_size", world},
+                     {"generation", options.generation},
                      {"ranks", ranks},
                      {"rendezvous", place.description},
                      {"data", data.description}};
@@ -146,6 +148,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   }
   control->barrier("run-folder");
   EventWriter events(folder.file("events-rank" + std::to_string(rank) + ".jsonl"));
+  int64_t steps_done = 0;  // optimizer steps this rank finished, the resumed ones included
 
   try {
     // Seeding, first half: the same init on every rank, checked.
@@ -204,15 +207,17 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                          : "audit.every = 0: ranks that drift apart will go unnoticed",
                      config.audit.every == 0);
     std::optional<FoundCheckpoint> resume;
-    if (!config.checkpoint.resume.empty())
-      resume = choose_checkpoint_to_resume(config, world, *control, decisions);
+    if (!config.checkpoint.resume.empty() || options.restarted)
+      resume = choose_checkpoint_to_resume(
+          config, config.checkpoint.resume.empty() ? folder.path() : config.checkpoint.resume,
+          options.restarted && config.checkpoint.resume.empty(), world, *control, decisions);
     if (options.observer) options.observer->on_phase("train");
     TrainingResult result = train(TrainerParts{config, rank, world, model, data, *data_group,
                                                decisions, timer, events,
                                                options.terminal && rank == 0, options.observer,
                                                config.audit.every > 0 ? &auditor : nullptr,
                                                control.get(), folder.file("checkpoints"),
-                                               resume ? &*resume : nullptr});
+                                               resume ? &*resume : nullptr, &steps_done});
     if (options.observer) options.observer->on_phase("done");
 
     const std::string final_digest = combined_hex(module_digests(*model, true));
@@ -256,7 +261,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
       manifest.body["decisions"] = decisions.to_json();
       manifest.write();
     }
-    events.write({{"event", "failed"}, {"error", e.what()}});
+    events.write({{"event", "failed"}, {"error", e.what()}, {"steps_done", steps_done},
+                  {"generation", options.generation}});
     throw;
   }
 }

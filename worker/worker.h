@@ -18,6 +18,10 @@ struct WorkerOptions {
   std::chrono::steady_clock::time_point process_start = std::chrono::steady_clock::now();
   bool terminal = false;  // rank 0's output goes to a terminal
   RunObserver* observer = nullptr;  // told of phases and steps; may ask to stop
+  // A generation after an automatic restart: every rank continues from the
+  // newest complete checkpoint of the run folder (step 0 if there is none).
+  bool restarted = false;
+  int64_t generation = 1;  // for the manifest and the events
 };
 
 // What a rank reports at the end.

@@ -128,5 +128,91 @@ TEST(JobState, RendezvousTimeoutNamesWhoJoined) {
       << status.error_message();
 }
 
+v1::HeartbeatReply beat_from(JobState& state, int rank, int64_t generation) {
+  v1::HeartbeatRequest beat;
+  beat.set_run_id("run-1");
+  beat.set_generation(generation);
+  beat.set_rank(rank);
+  v1::HeartbeatReply reply;
+  EXPECT_TRUE(state.heartbeat(beat, &reply).ok());
+  return reply;
+}
+
+TEST(JobState, LostWorkerStartsANewGenerationThatResumesUntilTheBudgetIsSpent) {
+  auto o = options(2);
+  o.max_restarts = 1;
+  JobState state(o);
+  auto a = join_async(state, request("h", 0, 10));
+  auto b = join_async(state, request("h", 1, 11));
+  ASSERT_FALSE(a.get().second.resume());
+  b.get();
+  EXPECT_TRUE(state.process_ended(11, "was killed by signal 9", false));
+  EXPECT_EQ(state.state(), JobState::State::kWaiting);
+  v1::StatusReply status;
+  state.status(&status);
+  EXPECT_EQ(status.generation(), 2);
+  EXPECT_EQ(status.restarts(), 1);
+  EXPECT_EQ(status.max_restarts(), 1);
+  // The survivor of generation 1 is told to rejoin, naming the reason.
+  auto told = beat_from(state, 0, 1);
+  EXPECT_EQ(told.command(), v1::HeartbeatReply::REJOIN);
+  EXPECT_NE(told.reason().find("rank 1 (h pid 11) was killed by signal 9"), std::string::npos)
+      << told.reason();
+
+  auto back = request("h", 0, 10);
+  back.set_previous_generation(1);
+  auto a2 = join_async(state, back);
+  auto b2 = join_async(state, request("h", 1, 12));
+  auto [sa, ra] = a2.get();
+  auto [sb, rb] = b2.get();
+  ASSERT_TRUE(sa.ok() && sb.ok()) << sa.error_message() << sb.error_message();
+  EXPECT_EQ(ra.generation(), 2);
+  EXPECT_EQ(ra.rank(), 0);
+  EXPECT_EQ(rb.rank(), 1);
+  EXPECT_TRUE(ra.resume() && rb.resume());
+  auto view = state.to_json();
+  EXPECT_EQ(view["restarts"][0]["dead_rank"], 1);
+  EXPECT_EQ(view["earlier_generations"][0]["generation"], 1);
+  for (const auto& w : view["workers"])
+    EXPECT_EQ(w["back_from_generation"], w["pid"] == 10 ? 1 : 0) << w.dump();
+
+  // The second loss: the budget is spent, the job fails and says so.
+  EXPECT_FALSE(state.process_ended(12, "exited with status 1", false));
+  EXPECT_EQ(state.state(), JobState::State::kFailed);
+  EXPECT_NE(state.failure().find("the restart budget is spent (fault.max_restarts = 1)"),
+            std::string::npos) << state.failure();
+  EXPECT_EQ(beat_from(state, 0, 2).command(), v1::HeartbeatReply::ABORT);
+}
+
+TEST(JobState, ReplacementForARunningSlotRestartsAtOnceAndBadInputNeverRestarts) {
+  auto o = options(2);
+  o.max_restarts = 3;
+  JobState state(o);
+  auto a = join_async(state, request("h", 0, 10));
+  auto b = join_async(state, request("h", 1, 11));
+  a.get();
+  b.get();
+  // A supervisor restarted local rank 1 before any heartbeat went missing.
+  auto replacement = join_async(state, request("h", 1, 12));
+  for (int i = 0; i < 200 && state.state() == JobState::State::kRunning; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(state.state(), JobState::State::kWaiting);
+  auto back = request("h", 0, 10);
+  back.set_previous_generation(1);
+  EXPECT_EQ(beat_from(state, 0, 1).command(), v1::HeartbeatReply::REJOIN);
+  auto survivor = join_async(state, back);
+  auto [s1, r1] = replacement.get();
+  ASSERT_TRUE(s1.ok()) << s1.error_message();
+  EXPECT_EQ(r1.generation(), 2);
+  EXPECT_EQ(r1.rank(), 1);
+  survivor.get();
+  EXPECT_NE(state.to_json()["restarts"][0]["reason"].get<std::string>().find("was replaced"),
+            std::string::npos);
+  // Exit status 2 is bad input: a restart would fail the same way.
+  EXPECT_FALSE(state.process_ended(12, "exited with status 2", true));
+  EXPECT_EQ(state.state(), JobState::State::kFailed);
+  EXPECT_NE(state.failure().find("bad input"), std::string::npos) << state.failure();
+}
+
 }  // namespace
 }  // namespace lockstep

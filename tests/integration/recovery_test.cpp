@@ -1,13 +1,16 @@
 // Automatic recovery in `lockstep run`: a worker killed (SIGKILL) at a
-// random step costs a restart from the newest checkpoint, never the run, and
+// random step costs a restart from the newest checkpoint, never the run (the
+// survivor rejoins from its own process, the dead one is replaced), and
 // the run ends with the parameters of one that was never interrupted; a
 // second failure with fault.max_restarts = 1 ends the job, saying the budget
 // is spent.
 #include <iostream>
 #include <random>
+#include <set>
 
 #include <gtest/gtest.h>
 
+#include "integration/cluster.h"
 #include "integration/jobs.h"
 
 namespace lockstep::testing {
@@ -38,8 +41,9 @@ TEST(Recovery, KilledWorkerCostsARestartNotTheRun) {
                                "test.fail_step=" + std::to_string(step), "test.fail_kind=kill"}),
       broken.path(), 170);
   ASSERT_EQ(recovered.exit_code, 0) << recovered.output;
-  EXPECT_NE(recovered.output.find("Decision: restart = generation 1 (rank " + std::to_string(rank) +
-                                  " was killed by signal 9"), std::string::npos) << recovered.output;
+  EXPECT_NE(recovered.output.find("Decision: restart = generation 2 (rank " + std::to_string(rank) +
+                                  " ("), std::string::npos) << recovered.output;
+  EXPECT_NE(recovered.output.find("was killed by signal 9"), std::string::npos) << recovered.output;
   auto manifest = read_json(single_run(broken.path() + "/runs") + "/manifest.json");
   EXPECT_EQ(manifest["status"], "completed");
   EXPECT_EQ(manifest["coordinator"]["generation"], 2) << manifest["coordinator"].dump(2);
@@ -50,8 +54,85 @@ TEST(Recovery, KilledWorkerCostsARestartNotTheRun) {
   EXPECT_EQ(restart["resumed_from_step"], step / 5 * 5);
   ASSERT_TRUE(restart.contains("recovery_s")) << restart.dump();
   EXPECT_GT(restart["recovery_s"].get<double>(), 0.0);
+  // The survivor got through step - 1 (maybe step, if the victim died after its
+  // all-reduce); the victim died in step `step`.
+  EXPECT_GE(restart["steps_reached"].get<int>(), step - 1) << restart.dump();
+  EXPECT_LE(restart["steps_reached"].get<int>(), step) << restart.dump();
+  EXPECT_EQ(restart["steps_redone"], restart["steps_reached"].get<int>() - step / 5 * 5);
+  // The survivor rejoined from its own process; only the dead rank was replaced.
+  const auto& before = manifest["coordinator"]["earlier_generations"][0]["workers"];
+  const auto& after = manifest["coordinator"]["workers"];
+  ASSERT_EQ(before.size(), 2u);
+  ASSERT_EQ(after.size(), 2u);
+  auto pid_of = [](const nlohmann::json& workers, int r) {
+    for (const auto& w : workers)
+      if (w["rank"] == r) return w["pid"].get<int>();
+    return -1;
+  };
+  EXPECT_EQ(pid_of(after, 1 - rank), pid_of(before, 1 - rank)) << manifest["coordinator"].dump(2);
+  EXPECT_NE(pid_of(after, rank), pid_of(before, rank));
+  for (const auto& w : after)
+    EXPECT_EQ(w["back_from_generation"], w["rank"] == rank ? 0 : 1) << w.dump();
   std::cout << "recovery " << restart["recovery_s"].get<double>() << " s, "
-            << step - restart["resumed_from_step"].get<int>() << " steps redone" << std::endl;
+            << restart["steps_redone"] << " steps redone" << std::endl;
+}
+
+// A standalone `lockstep coordinator`: no launcher of its own. The lost rank
+// is noticed by its silence, the test plays the cluster's supervisor
+// (systemd Restart=on-failure: a new `lockstep worker` for each one that
+// died), and the survivor rejoins from its own process.
+TEST(Recovery, StandaloneCoordinatorWaitsForAReplacementFromTheSupervisor) {
+  const std::vector<std::string> job = {"job.steps=30", "checkpoint.every=5", "job.log_every=5",
+                                        "fault.heartbeat_s=0.5", "fault.heartbeat_timeout_s=3"};
+  TempDir whole;
+  {
+    Cluster reference(whole, job);
+    reference.add_worker();
+    reference.add_worker();
+    ASSERT_EQ(reference.coordinator->wait(120), 0) << reference.coordinator->output();
+  }
+  auto expected = read_json(single_run(whole.path() + "/runs") + "/manifest.json");
+
+  TempDir dir;
+  std::vector<std::string> sets = job;
+  for (std::string s : {"fault.max_restarts=1", "test.fail_rank=1", "test.fail_step=12",
+                        "test.fail_kind=kill"})
+    sets.push_back(s);
+  Cluster cluster(dir, sets);
+  cluster.add_worker();
+  cluster.add_worker();
+  // The supervisor: every worker that ends unsuccessfully gets a replacement.
+  std::set<pid_t> replaced;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (cluster.coordinator->running() && std::chrono::steady_clock::now() < deadline) {
+    for (size_t i = 0; i < cluster.workers.size(); ++i) {
+      auto& worker = *cluster.workers[i];
+      if (worker.running() || worker.wait(0) == 0 || replaced.count(worker.pid())) continue;
+      std::cout << "supervisor: worker pid " << worker.pid() << " ended with " << worker.wait(0)
+                << "; starting a replacement" << std::endl;
+      replaced.insert(worker.pid());
+      cluster.add_worker();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(cluster.coordinator->wait(30), 0) << cluster.coordinator->output();
+  ASSERT_EQ(replaced.size(), 1u);
+  EXPECT_NE(cluster.coordinator->output().find("Decision: restart = generation 2 (rank 1 ("),
+            std::string::npos) << cluster.coordinator->output();
+  EXPECT_NE(cluster.coordinator->output().find("declared dead"), std::string::npos);
+  auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "completed") << manifest.dump(2);
+  EXPECT_EQ(manifest["restart_count"], 1);
+  EXPECT_EQ(manifest["restarts"][0]["dead_rank"], 1);
+  EXPECT_EQ(manifest["restarts"][0]["resumed_from_step"], 10);
+  EXPECT_EQ(manifest["coordinator"]["generation"], 2);
+  EXPECT_EQ(manifest["metrics"]["final_param_digest"], expected["metrics"]["final_param_digest"]);
+  auto& survivor = replaced.count(cluster.workers[0]->pid()) ? *cluster.workers[1]
+                                                             : *cluster.workers[0];
+  EXPECT_EQ(survivor.wait(10), 0);
+  EXPECT_NE(survivor.output().find("the same process as in generation 1"), std::string::npos)
+      << survivor.output();
 }
 
 TEST(Recovery, ASecondFailureWithOneRestartAllowedEndsTheJob) {
@@ -61,8 +142,8 @@ TEST(Recovery, ASecondFailureWithOneRestartAllowedEndsTheJob) {
                             "test.fail_kind=exit", "test.fail_generations=2"}),
       dir.path(), 170);
   EXPECT_EQ(result.exit_code, 1) << result.output;
-  EXPECT_NE(result.output.find("Decision: restart = generation 1"), std::string::npos) << result.output;
-  EXPECT_EQ(result.output.find("generation 2 ("), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("Decision: restart = generation 2"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("Decision: restart = generation 3"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("the restart budget is spent (fault.max_restarts = 1)"),
             std::string::npos) << result.output;
   auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
