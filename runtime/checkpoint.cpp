@@ -1,6 +1,7 @@
 #include "runtime/checkpoint.h"
 
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -95,6 +96,26 @@ std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& conf
   must_match("data.batch_size", config.data.batch_size, "batch_size");
   must_match("train.accum_steps", config.train.accum_steps, "accum_steps");
   must_match("optim.name", config.optim.name, "optimizer");
+  // Everything else may change (eval.every, logging, the step count, ...):
+  // said out loud, so that a different result can be traced to it.
+  if (meta.contains("settings")) {
+    std::map<std::string, std::string> before;
+    for (const auto& item : meta["settings"]) {
+      const std::string text = item.get<std::string>();
+      before[text.substr(0, text.find('='))] = text.substr(text.find('=') + 1);
+    }
+    std::string changed;
+    for (const auto& text : effective_settings(config)) {
+      const std::string key = text.substr(0, text.find('=')), value = text.substr(text.find('=') + 1);
+      if (key == "checkpoint.resume" || !before.count(key) || before[key] == value) continue;
+      changed += (changed.empty() ? "" : ", ") + key + ": " + before[key] + " -> " + value;
+    }
+    if (!changed.empty())
+      decisions.record("resume_settings_changed", changed,
+                       "allowed: none of them is one a resumed run must keep (model.name, "
+                       "job.world_size, job.seed, data.batch_size, train.accum_steps, optim.name)",
+                       /*warn=*/true);
+  }
   decisions.record("resume_checkpoint", "step " + std::to_string(found->step),
                    refused.empty() ? "the newest complete checkpoint in " + dir + "; every file's "
                                      "checksum verified" + (restarted ? " (automatic restart)" : "")

@@ -213,6 +213,7 @@ TrainingResult train(TrainerParts parts) {
                            {"batch_size", config.data.batch_size},
                            {"accum_steps", config.train.accum_steps},
                            {"optimizer", config.optim.name}};
+    meta["settings"] = effective_settings(config);
     write_checkpoint(checkpoints, done, meta, model, *optimizer, parts.rank, *parts.control,
                      int(config.checkpoint.keep));
     ++result.checkpoints;

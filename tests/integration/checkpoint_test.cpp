@@ -126,6 +126,9 @@ TEST(Checkpoints, CorruptedNewestFallsBackAndUnusableOnesAreBadInput) {
   EXPECT_NE(resumed.output.find("resume_checkpoint = step 4"), std::string::npos) << resumed.output;
   EXPECT_NE(resumed.output.find("step-000000008/model.pt: checksum"), std::string::npos)
       << resumed.output;
+  // Settings a resumed run may change are allowed, and said.
+  EXPECT_NE(resumed.output.find("Decision: resume_settings_changed = checkpoint.keep: 3 -> 2"),
+            std::string::npos) << resumed.output;
 
   TempDir whole;
   ASSERT_EQ(run_lockstep(resumable_job(whole, "sgd"), whole.path(), 150).exit_code, 0);
