@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/launcher.h"
+#include "lockstep/build_config.h"
 #include "coordinator/coordinator.h"
 #include "runtime/audit_report.h"
 #include "runtime/checkpoint_store.h"
@@ -21,6 +22,7 @@
 #include "runtime/generation.h"
 #include "runtime/machine.h"
 #include "runtime/models.h"
+#include "runtime/probe.h"
 #include "runtime/run_folder.h"
 #include "worker/coordinator_client.h"
 #include "worker/heartbeat.h"
@@ -315,6 +317,40 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
     if (previous == 0) return 0;
     start = std::chrono::steady_clock::now();
   }
+}
+
+int probe_command(const std::string& candidate, bool force, bool json) {
+  if (!candidate.empty()) {
+    const auto colon = candidate.find(':', candidate.rfind("cuda:", 0) == 0 ? 5 : 0);
+    if (colon == std::string::npos)
+      throw InputError("--candidate " + candidate + ": expected DEVICE:DTYPE, e.g. cpu:bf16");
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& r : measure_candidate(candidate.substr(0, colon), candidate.substr(colon + 1), 0.4))
+      rows.push_back({{"device", r.device}, {"dtype", r.dtype}, {"op", r.op},
+                      {"tflops", r.tflops}, {"error", r.error}});
+    std::printf("%s\n", rows.dump().c_str());
+    return 0;
+  }
+  std::string why;
+  ProbeTable table = load_or_run_probe(std::filesystem::read_symlink("/proc/self/exe").string(),
+                                       force, &why);
+  if (json) {
+    nlohmann::json out = table.to_json();
+    out["source"] = why;
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("%s", table.text().c_str());
+  std::printf("machine: %s, %s cores, bf16 flags: %s; LibTorch %s\n",
+              table.fingerprint.value("cpu_model", "?").c_str(),
+              table.fingerprint["cores"].dump().c_str(),
+              native_bf16_cpu_flags().empty() ? "none" : native_bf16_cpu_flags().c_str(),
+              table.fingerprint.value("libtorch", "?").c_str());
+  if (!LOCKSTEP_HAS_CUDA)
+    std::printf("GPU paths: absent (this lockstep is built against a LibTorch without CUDA: no "
+                "CUDA device, no NCCL data group, no fp16)\n");
+  std::printf("source: %s\n", why.c_str());
+  return 0;
 }
 
 int audit_command(const std::string& run_dir, bool json) {

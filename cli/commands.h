@@ -25,4 +25,10 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
 int status_command(const ConnectionFlags& connection, bool json);
 int audit_command(const std::string& run_dir, bool json);
 
+// lockstep probe: the table of what each precision costs here, cached per
+// machine fingerprint (--force measures again). With --candidate
+// DEVICE:DTYPE: measure that one in this process and print JSON rows (what
+// the probe's children run).
+int probe_command(const std::string& candidate, bool force, bool json);
+
 }  // namespace lockstep

@@ -65,6 +65,15 @@ int main(int argc, char** argv) {
   audit->add_option("run_dir", run_dir, "the run folder, runs/<run-id>")->required();
   audit->add_flag("--json", json, "print JSON for scripts");
 
+  std::string candidate;
+  bool force = false;
+  auto* probe = app.add_subcommand("probe", "measure fp32, bf16 and fp16 on this machine's "
+                                            "devices; precision = auto reads the result");
+  probe->add_flag("--force", force, "measure again even when the cache matches this machine");
+  probe->add_flag("--json", json, "print JSON for scripts");
+  probe->add_option("--candidate", candidate, "internal: measure DEVICE:DTYPE in this process")
+      ->group("");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -81,6 +90,7 @@ int main(int argc, char** argv) {
                                  resume_dir);
     if (status->parsed()) return status_command(connection, json);
     if (audit->parsed()) return audit_command(run_dir, json);
+    if (probe->parsed()) return probe_command(candidate, force, json);
     return worker_command(job_file, overrides, connection, start);
   } catch (const InputError& e) {
     spdlog::error("{}", e.what());

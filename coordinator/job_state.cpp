@@ -497,7 +497,11 @@ nlohmann::json JobState::workers_json_locked() const {
                        {"max_heartbeat_gap_s", w.max_heartbeat_gap_s},
                        {"heartbeats_missed", w.heartbeats_missed},
                        {"last_step", w.step}, {"error", w.error},
-                       {"back_from_generation", w.previous_generation}});
+                       {"back_from_generation", w.previous_generation},
+                       {"scaler_skipped", w.metrics.is_object() && w.metrics.contains("scaler") &&
+                                                  w.metrics["scaler"].is_object()
+                                              ? w.metrics["scaler"].value("skipped", int64_t(0))
+                                              : int64_t(0)}});
   return workers;
 }
 

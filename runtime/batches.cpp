@@ -76,7 +76,7 @@ Batch BatchStream::assemble() {
 }
 
 EvalResult evaluate(Model& model, const Dataset& test, int rank, int world_size,
-                    int64_t batch_size, CollectiveGroup& group) {
+                    int64_t batch_size, CollectiveGroup& group, const std::string& precision) {
   torch::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -85,7 +85,8 @@ EvalResult evaluate(Model& model, const Dataset& test, int rank, int world_size,
   for (int64_t start = 0; start < mine.numel(); start += batch_size) {
     at::Tensor rows = mine.narrow(0, start, std::min(batch_size, mine.numel() - start));
     at::Tensor labels = test.labels.index_select(0, rows);
-    at::Tensor logits = model.forward(test.images.index_select(0, rows));
+    at::Tensor logits = forward_logits(model, test.images.index_select(0, rows),
+                                       precision == "bf16" ? at::kBFloat16 : at::kFloat);
     MaskedLoss loss = masked_cross_entropy_sum(logits, labels);
     loss_sum += loss.sum.item<double>();
     correct += logits.argmax(1).eq(labels).sum().item<double>();

@@ -67,8 +67,10 @@ struct EvalResult {
 class Model;
 class CollectiveGroup;
 // Evaluates on the test set: rank r takes samples r, r + W, ...; sums are
-// all-reduced on `group`, so every rank returns the same figures.
+// all-reduced on `group`, so every rank returns the same figures. The
+// forward runs at the training precision (`precision`: fp32 | bf16).
 EvalResult evaluate(Model& model, const Dataset& test, int rank, int world_size,
-                    int64_t batch_size, CollectiveGroup& group);
+                    int64_t batch_size, CollectiveGroup& group,
+                    const std::string& precision = "fp32");
 
 }  // namespace lockstep

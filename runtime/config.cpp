@@ -101,8 +101,17 @@ const std::vector<KeySpec>& schema() {
        86400, true},
       {"device", Kind::kString, LOCKSTEP_FIELD(device), -kInf, kInf, false,
        {"auto", "cpu", "gpu"}},
-      {"precision", Kind::kString, LOCKSTEP_FIELD(precision), -kInf, kInf, false,
+      {"precision.dtype", Kind::kString, LOCKSTEP_FIELD(precision.dtype), -kInf, kInf, false,
        {"auto", "fp32", "bf16", "fp16"}},
+      {"precision.allow_emulated", Kind::kBool, LOCKSTEP_FIELD(precision.allow_emulated)},
+      {"precision.fp32_modules", Kind::kString, LOCKSTEP_FIELD(precision.fp32_modules), -kInf,
+       kInf, false, {}, true},
+      {"precision.scaler", Kind::kString, LOCKSTEP_FIELD(precision.scaler), -kInf, kInf, false,
+       {"auto", "on", "off"}},
+      {"precision.init_scale", Kind::kFloat, LOCKSTEP_FIELD(precision.init_scale), 0, 1e30},
+      {"precision.growth_interval", Kind::kInt, LOCKSTEP_FIELD(precision.growth_interval), 0, 1e9},
+      {"precision.max_skipped_share", Kind::kFloat, LOCKSTEP_FIELD(precision.max_skipped_share), 0, 1},
+      {"precision.check_overflow", Kind::kBool, LOCKSTEP_FIELD(precision.check_overflow)},
       {"test.no_reseed", Kind::kBool, LOCKSTEP_FIELD(test.no_reseed)},
       {"test.hold_rank", Kind::kInt, LOCKSTEP_FIELD(test.hold_rank), -1, 4095},
       {"test.hold_s", Kind::kFloat, LOCKSTEP_FIELD(test.hold_s), 0, 3600},
@@ -169,7 +178,8 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-const KeySpec* find_spec(const std::string& key) {
+const KeySpec* find_spec(std::string key) {
+  if (key == "precision") key = "precision.dtype";  // `precision = "bf16"`, `--set precision=bf16`
   for (const auto& spec : schema())
     if (spec.key == key) return &spec;
   return nullptr;
@@ -231,6 +241,16 @@ Value from_toml(const std::string& where, const KeySpec& spec, const toml::node&
       break;
     case Kind::kString:
       if (auto v = node.value_exact<std::string>()) return *v;
+      if (const toml::array* items = node.as_array(); items && spec.key == "precision.fp32_modules") {
+        std::string joined;  // a list of names: ["fc", "head"] -> "fc,head"
+        bool all_strings = true;
+        for (const auto& item : *items) {
+          auto text = item.value_exact<std::string>();
+          all_strings &= bool(text);
+          if (text) joined += (joined.empty() ? "" : ",") + *text;
+        }
+        if (all_strings) return joined;
+      }
       break;
   }
   std::ostringstream shown;
@@ -280,6 +300,10 @@ void apply_table(JobConfig& config, const toml::table& table, const std::string&
     const KeySpec* spec = find_spec(key);
     std::string where = file;
     if (auto line = node.source().begin.line) where += ":" + std::to_string(line);
+    if (spec && node.is_table() && prefix.empty() && key == "precision") {
+      apply_table(config, *node.as_table(), key, file);  // [precision] with dtype = ...
+      continue;
+    }
     if (!spec && node.is_table() && prefix.empty()) {
       bool known_section = false;
       for (const auto& s : schema()) known_section |= s.key.rfind(key + ".", 0) == 0;
@@ -338,6 +362,16 @@ void validate(const JobConfig& config) {
                      config.data.name + ")");
 }
 
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> names;
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    const auto first = item.find_first_not_of(' '), last = item.find_last_not_of(' ');
+    if (first != std::string::npos) names.push_back(item.substr(first, last - first + 1));
+  }
+  return names;
+}
+
 std::vector<InjectedFault> parse_injected_faults(const std::string& text) {
   std::vector<InjectedFault> faults;
   std::stringstream items(text);
@@ -349,11 +383,14 @@ std::vector<InjectedFault> parse_injected_faults(const std::string& text) {
     for (std::string field; std::getline(fields, field, ':');) parts.push_back(field);
     auto bad = [&](const std::string& why) {
       return InputError("fault.inject item '" + item + "': " + why +
-                        " (formats: perturb:TENSOR:RANK:STEP:AMOUNT, double_scale:TENSOR:RANK:STEP)");
+                        " (formats: perturb:TENSOR:RANK:STEP:AMOUNT, double_scale:TENSOR:RANK:STEP, "
+                        "inf_grad:TENSOR:RANK:STEP)");
     };
     InjectedFault fault;
     fault.kind = parts.empty() ? "" : parts[0];
-    const size_t expected = fault.kind == "perturb" ? 5 : fault.kind == "double_scale" ? 4 : 0;
+    const size_t expected = fault.kind == "perturb"                                 ? 5
+                            : fault.kind == "double_scale" || fault.kind == "inf_grad" ? 4
+                                                                                        : 0;
     if (expected == 0) throw bad("unknown kind '" + fault.kind + "'");
     if (parts.size() != expected) throw bad("expected " + std::to_string(expected) + " fields");
     fault.tensor = parts[1];
@@ -365,7 +402,8 @@ std::vector<InjectedFault> parse_injected_faults(const std::string& text) {
       if (used != parts[3].size() || fault.step < 1) throw bad("STEP must be an integer >= 1");
       if (expected == 5) {
         fault.amount = std::stod(parts[4], &used);
-        if (used != parts[4].size() || !std::isfinite(fault.amount)) throw bad("AMOUNT must be a number");
+        // inf is allowed: it plants an overflow for precision.check_overflow to find.
+        if (used != parts[4].size() || std::isnan(fault.amount)) throw bad("AMOUNT must be a number");
       }
     } catch (const std::logic_error&) {
       throw bad("RANK and STEP must be integers, AMOUNT a number");

@@ -86,20 +86,39 @@ struct FaultSection {
   //   perturb:TENSOR:RANK:STEP:AMOUNT   add AMOUNT to element 0 of TENSOR on RANK after STEP
   //   double_scale:TENSOR:RANK:STEP     at STEP, a per-tensor gradient scale (x0.5) on every
   //                                     rank, where on RANK two entries alias TENSOR's gradient
+  //   inf_grad:TENSOR:RANK:STEP         element 0 of TENSOR's gradient becomes inf on RANK in
+  //                                     STEP, before the all-reduce (the scaler must skip it)
   std::string inject;
 };
 
 // One parsed item of fault.inject.
 struct InjectedFault {
-  std::string kind;    // perturb | double_scale
+  std::string kind;    // perturb | double_scale | inf_grad
   std::string tensor;  // a parameter name, e.g. fc2.bias
   int64_t rank = 0;
   int64_t step = 0;    // 1-based optimizer step
   double amount = 0;   // perturb only
 };
 
+// "fc, head" -> {"fc", "head"}: a comma-separated list of names, trimmed.
+std::vector<std::string> split_names(const std::string& text);
+
 // Parses fault.inject. Throws InputError naming the item and the format.
 std::vector<InjectedFault> parse_injected_faults(const std::string& text);
+
+// Mixed precision: decided per machine (runtime/machine.h), said out loud.
+struct PrecisionSection {
+  std::string dtype = "auto";   // auto | fp32 | bf16 | fp16 (`precision = "bf16"` sets it too)
+  bool allow_emulated = false;  // run bf16/fp16 where the machine only emulates it (warned)
+  // Submodules (children of the model, by name) that run with autocast off,
+  // their inputs cast to fp32 first: "head" or "fc,head" (or a TOML array).
+  std::string fp32_modules;
+  std::string scaler = "auto";  // auto (on for fp16) | on | off: the gradient scaler
+  double init_scale = 0;        // 0 = chosen from the run length (logged)
+  int64_t growth_interval = 0;  // good steps before the scale doubles; 0 = chosen (logged)
+  double max_skipped_share = 0.05;  // more skipped steps than this share: a loud warning
+  bool check_overflow = false;  // name the first module whose output holds inf/NaN
+};
 
 // Switches that exist so tests can make the checks fail. Never needed in a
 // real job; each one that is set is logged as a warning.
@@ -125,8 +144,8 @@ struct JobConfig {
   CheckpointSection checkpoint;
   FaultSection fault;
   TestSection test;
+  PrecisionSection precision;
   std::string device = "auto";     // auto | cpu | gpu
-  std::string precision = "auto";  // auto | fp32 | bf16 | fp16
 
   // Where each key's value came from: "default", the job file, or "--set".
   std::map<std::string, std::string> sources;

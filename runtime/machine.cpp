@@ -1,6 +1,8 @@
 #include "runtime/machine.h"
 
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include <ATen/Parallel.h>
@@ -9,6 +11,7 @@
 
 #include "lockstep/build_config.h"
 #include "runtime/errors.h"
+#include "runtime/probe.h"
 
 namespace lockstep {
 namespace {
@@ -46,6 +49,88 @@ std::string resolve_device(const JobConfig& config, int local_rank, DecisionLog&
   return "cpu";
 }
 
+std::string ratio_text(const std::optional<double>& ratio) {
+  return ratio ? fmt::format("{:.2f}x", *ratio) : std::string("no figure");
+}
+
+// The probe's figures for bf16 on the CPU, and the table behind them.
+std::string cpu_bf16_figures(const ProbeTable& table, std::optional<double>* matmul,
+                             std::optional<double>* conv) {
+  *matmul = table.ratio("cpu", "bf16", "matmul");
+  *conv = table.ratio("cpu", "bf16", "conv");
+  return "the probe measured bf16 at " + ratio_text(*matmul) + " fp32's speed for matmul and " +
+         ratio_text(*conv) + " for conv, forward + backward";
+}
+
+std::string probe_executable() {
+  if (const char* given = std::getenv("LOCKSTEP_EXECUTABLE"); given && *given) return given;
+  std::error_code error;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? "lockstep" : self.string();
+}
+
+std::string resolve_precision(const JobConfig& config, const std::string& device, DecisionLog& log) {
+  const std::string& asked = config.precision.dtype;
+  if (asked == "fp32") {
+    log.record("precision", "fp32", "job asked for fp32");
+    return "fp32";
+  }
+  if (device != "cpu") {  // CUDA: capability from the device properties, not an allocation test
+    const auto gpus = cuda_devices();
+    const int index = std::stoi(device.substr(device.find(':') + 1));
+    const int major = index < int(gpus.size()) ? gpus[size_t(index)].value("major", 0) : 0;
+    const std::string where = fmt::format("{} has compute capability {}.x", device, major);
+    if (asked == "fp16") {
+      log.record("precision", "fp16", "job asked for fp16 on " + device + " (with the gradient scaler)");
+      return "fp16";
+    }
+    if (major >= 8) {
+      log.record("precision", "bf16", (asked == "auto" ? "auto: " : "job asked for bf16; ") + where + " (>= 8: native bf16)");
+      return "bf16";
+    }
+    if (asked == "bf16" && !config.precision.allow_emulated)
+      throw InputError("precision = bf16, but " + where + " (< 8): bf16 is emulated there; use "
+                       "fp16 or fp32, or set precision.allow_emulated = true");
+    if (asked == "bf16") {
+      log.record("precision", "bf16", "precision.allow_emulated: " + where + ", bf16 is emulated", true);
+      return "bf16";
+    }
+    log.record("precision", "fp32", "auto: " + where + " (< 8: no native bf16; fp16 is yours to ask for)");
+    return "fp32";
+  }
+  const std::string flags = native_bf16_cpu_flags();
+  if (asked == "bf16") {
+    std::string why;
+    ProbeTable table = load_or_run_probe(probe_executable(), false, &why);
+    std::optional<double> matmul, conv;
+    const std::string figures = cpu_bf16_figures(table, &matmul, &conv);
+    if (flags.empty())  // allow_emulated (check_machine_request refused the rest)
+      log.record("precision", "bf16", "precision.allow_emulated = true: this CPU has no native bf16 "
+                 "and emulates it; " + figures + " (" + why + ")", /*warn=*/true);
+    else
+      log.record("precision", "bf16", "job asked for bf16; native on this CPU (" + flags + "); " +
+                 figures + " (" + why + ")", (matmul && *matmul < 1) || (conv && *conv < 1));
+    return "bf16";
+  }
+  // auto
+  if (flags.empty()) {
+    log.record("precision", "fp32", "auto: this CPU has no native bf16 (no avx512_bf16 or amx_bf16 flag)");
+    return "fp32";
+  }
+  std::string why;
+  ProbeTable table = load_or_run_probe(probe_executable(), false, &why);
+  std::optional<double> matmul, conv;
+  const std::string figures = cpu_bf16_figures(table, &matmul, &conv);
+  if (matmul && conv && *matmul > 1 && *conv > 1) {
+    log.record("precision", "bf16", "auto: native on this CPU (" + flags + ") and faster: " + figures +
+               " (" + why + ")");
+    return "bf16";
+  }
+  log.record("precision", "fp32", "auto: bf16 is native on this CPU (" + flags + ") but not faster "
+             "for both: " + figures + " (" + why + "); ask for precision = bf16 to use it anyway");
+  return "fp32";
+}
+
 }  // namespace
 
 BlasInfo loaded_blas() {
@@ -73,10 +158,20 @@ void check_machine_request(const JobConfig& config) {
     throw InputError("comm.backend = nccl, but the NCCL data group is not compiled into this "
                      "lockstep (built against a LibTorch without NCCL); use comm.backend = gloo "
                      "or auto");
-  if (config.precision == "bf16" || config.precision == "fp16")
-    throw InputError("precision = " + config.precision +
-                     " is not available in this build: only fp32 training is implemented so far "
-                     "(allowed now: auto, fp32)");
+  const std::string& dtype = config.precision.dtype;
+  if (dtype == "fp16" && !LOCKSTEP_HAS_CUDA)
+    throw InputError("precision = fp16 runs only on CUDA (LibTorch 1.13's CPU autocast has bf16 "
+                     "only), and this lockstep is built against a LibTorch without CUDA; use "
+                     "precision = bf16, fp32 or auto");
+  if (dtype == "fp16" && config.device == "cpu")
+    throw InputError("precision = fp16 runs only on CUDA, and the job asks for device = cpu; use "
+                     "precision = bf16, fp32 or auto");
+  if (dtype == "bf16" && !LOCKSTEP_HAS_CUDA && native_bf16_cpu_flags().empty() &&
+      !config.precision.allow_emulated)
+    throw InputError("precision = bf16, but this CPU has no native bf16 (neither avx512_bf16 nor "
+                     "amx_bf16 in /proc/cpuinfo): LibTorch would emulate it, usually slower than "
+                     "fp32; use fp32 or auto, or set precision.allow_emulated = true to run it "
+                     "anyway (warned, with the measured slowdown)");
 }
 
 ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int local_world_size,
@@ -90,10 +185,7 @@ ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int loc
                                            : "auto: the NCCL data group is not compiled in, Gloo "
                                              "serves " + machine.device + " tensors");
 
-  machine.precision = "fp32";
-  log.record("precision", "fp32",
-             config.precision == "fp32" ? "job asked for fp32"
-                                        : "auto: this build trains in fp32 only");
+  machine.precision = resolve_precision(config, machine.device, log);
 
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   machine.intra_op_threads = std::max(1, int(cores) / std::max(1, local_world_size));

@@ -21,12 +21,13 @@ BlasInfo loaded_blas();
 struct ResolvedMachine {
   std::string device;       // cpu | cuda:N
   std::string backend;      // data-group backend: gloo | nccl
-  std::string precision;    // fp32 (bf16/fp16 arrive with the precision issue)
+  std::string precision;    // fp32 | bf16 (autocast) | fp16 (CUDA, with the gradient scaler)
   int intra_op_threads = 1;
 };
 
 // Refuses, without touching anything, what this build can never give:
-// device = gpu without CUDA, comm.backend = nccl without NCCL, bf16/fp16.
+// device = gpu without CUDA, comm.backend = nccl without NCCL, fp16
+// without CUDA, bf16 on a CPU that only emulates it (unless allowed).
 // Throws InputError naming the key and what is allowed.
 void check_machine_request(const JobConfig& config);
 

@@ -1,5 +1,6 @@
 #include "runtime/models.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "runtime/errors.h"
@@ -19,9 +20,9 @@ class Mlp : public Model {
 
   at::Tensor forward(at::Tensor x) override {
     x = x.flatten(1);
-    x = torch::relu(fc1_->forward(x));
-    x = torch::relu(fc2_->forward(x));
-    return head_->forward(x);
+    x = torch::relu(run("fc1", [&](const at::Tensor& t) { return fc1_->forward(t); }, x));
+    x = torch::relu(run("fc2", [&](const at::Tensor& t) { return fc2_->forward(t); }, x));
+    return run("head", [&](const at::Tensor& t) { return head_->forward(t); }, x);
   }
 
  private:
@@ -39,10 +40,10 @@ class Cnn : public Model {
         head_(register_module("head", nn::Linear(128, 10))) {}
 
   at::Tensor forward(at::Tensor x) override {
-    x = torch::max_pool2d(torch::relu(conv1_->forward(x)), 2);
-    x = torch::max_pool2d(torch::relu(conv2_->forward(x)), 2);
-    x = torch::relu(fc_->forward(x.flatten(1)));
-    return head_->forward(dropout_->forward(x));
+    x = torch::max_pool2d(torch::relu(run("conv1", [&](const at::Tensor& t) { return conv1_->forward(t); }, x)), 2);
+    x = torch::max_pool2d(torch::relu(run("conv2", [&](const at::Tensor& t) { return conv2_->forward(t); }, x)), 2);
+    x = torch::relu(run("fc", [&](const at::Tensor& t) { return fc_->forward(t); }, x.flatten(1)));
+    return run("head", [&](const at::Tensor& t) { return head_->forward(t); }, dropout_->forward(x));
   }
 
  private:
@@ -63,9 +64,11 @@ class DeepNarrowMlp : public Model {
   }
 
   at::Tensor forward(at::Tensor x) override {
-    x = torch::relu(input_->forward(x.flatten(1)));
-    for (auto& layer : layers_) x = torch::relu(layer->forward(x));
-    return head_->forward(x);
+    x = torch::relu(run("input", [&](const at::Tensor& t) { return input_->forward(t); }, x.flatten(1)));
+    for (size_t i = 0; i < layers_.size(); ++i)
+      x = torch::relu(run("layer" + std::to_string(i),
+                          [&](const at::Tensor& t) { return layers_[i]->forward(t); }, x));
+    return run("head", [&](const at::Tensor& t) { return head_->forward(t); }, x);
   }
 
  private:
@@ -74,7 +77,79 @@ class DeepNarrowMlp : public Model {
   nn::Linear head_{nullptr};
 };
 
+// Autocast off for one child, restored on the way out (also on a throw).
+class AutocastOff {
+ public:
+  AutocastOff() : cpu_(at::autocast::is_cpu_enabled()), gpu_(at::autocast::is_enabled()) {
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::set_enabled(false);
+  }
+  ~AutocastOff() {
+    at::autocast::set_cpu_enabled(cpu_);
+    at::autocast::set_enabled(gpu_);
+  }
+
+ private:
+  bool cpu_, gpu_;
+};
+
+// CPU autocast to `dtype` for one forward; the cast cache is dropped after.
+class CpuAutocast {
+ public:
+  explicit CpuAutocast(at::ScalarType dtype) : previous_(at::autocast::get_autocast_cpu_dtype()) {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::increment_nesting();
+  }
+  ~CpuAutocast() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_cpu_enabled(false);
+    at::autocast::set_autocast_cpu_dtype(previous_);
+  }
+
+ private:
+  at::ScalarType previous_;
+};
+
 }  // namespace
+
+void Model::set_fp32_modules(const std::vector<std::string>& names) {
+  std::string children;
+  for (const auto& child : named_children()) children += (children.empty() ? "" : ", ") + child.key();
+  for (const auto& name : names) {
+    bool found = false;
+    for (const auto& child : named_children()) found |= child.key() == name;
+    if (!found)
+      throw InputError("precision.fp32_modules names '" + name + "', which this model does not "
+                       "have (its modules: " + children + ")");
+  }
+  fp32_modules_ = names;
+}
+
+at::Tensor Model::run(const std::string& name,
+                      const std::function<at::Tensor(const at::Tensor&)>& call,
+                      const at::Tensor& input) {
+  at::Tensor output;
+  if (std::find(fp32_modules_.begin(), fp32_modules_.end(), name) != fp32_modules_.end()) {
+    AutocastOff off;
+    output = call(input.to(at::kFloat));  // the input, before: fp32 resolution inside
+  } else {
+    output = call(input);
+  }
+  if (check_overflow_ && first_overflow_.empty() && !torch::isfinite(output).all().item<bool>())
+    first_overflow_ = name;
+  return output;
+}
+
+at::Tensor forward_logits(Model& model, const at::Tensor& images, at::ScalarType autocast) {
+  if (autocast == at::kFloat) return model.forward(images);
+  at::Tensor logits;
+  {
+    CpuAutocast scope(autocast);
+    logits = model.forward(images);
+  }
+  return logits.to(at::kFloat);  // the loss in fp32
+}
 
 ModelRegistry ModelRegistry::with_builtins() {
   ModelRegistry registry;

@@ -14,10 +14,36 @@
 
 namespace lockstep {
 
+// A model under a precision policy: forward() calls each child module
+// through run(), which applies precision.fp32_modules (that child runs with
+// autocast off, its input cast to fp32 before it runs) and, when asked, the
+// overflow finder (the first child whose output holds inf or NaN).
 class Model : public torch::nn::Module {
  public:
   virtual at::Tensor forward(at::Tensor images) = 0;
+
+  // Children listed here run in fp32 under autocast. Throws InputError
+  // naming an unknown child and the ones there are.
+  void set_fp32_modules(const std::vector<std::string>& names);
+  void set_overflow_check(bool on) { check_overflow_ = on; }
+  // The first child whose output held inf/NaN since clear_overflow() ("" = none).
+  const std::string& first_overflow() const { return first_overflow_; }
+  void clear_overflow() { first_overflow_.clear(); }
+
+ protected:
+  // Runs child `name` as `call(input)` under the policy.
+  at::Tensor run(const std::string& name, const std::function<at::Tensor(const at::Tensor&)>& call,
+                 const at::Tensor& input);
+
+ private:
+  std::vector<std::string> fp32_modules_;
+  bool check_overflow_ = false;
+  std::string first_overflow_;
 };
+
+// The model's logits for `images` in fp32: under CPU autocast to `autocast`
+// (at::kBFloat16) unless it is at::kFloat.
+at::Tensor forward_logits(Model& model, const at::Tensor& images, at::ScalarType autocast);
 
 using ModelFactory = std::function<std::shared_ptr<Model>(const ModelSection&)>;
 

@@ -4,11 +4,14 @@
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <limits>
+#include <optional>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "optim/clip.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "runtime/checkpoint.h"
 #include "runtime/errors.h"
@@ -102,7 +105,9 @@ nlohmann::json TrainingResult::to_json() const {
           {"last_audit", last_audit},
           {"step_s_median", step_s_median},
           {"allreduce_hidden_share", allreduce_hidden_share},
-          {"shared_gradient_storage", shared_gradients}};
+          {"shared_gradient_storage", shared_gradients},
+          {"scaler", scaler},
+          {"overflows", overflows}};
 }
 
 int64_t total_steps(const JobConfig& config, int64_t batches_per_epoch) {
@@ -166,6 +171,45 @@ TrainingResult train(TrainerParts parts) {
                  config.train.accum_steps, parts.world_size);
 
   const std::vector<InjectedFault> faults = parse_injected_faults(config.fault.inject);
+
+  // Precision: autocast for the forward, fp32 children, the overflow finder.
+  const at::ScalarType autocast = parts.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  model.set_fp32_modules(split_names(config.precision.fp32_modules));
+  model.set_overflow_check(config.precision.check_overflow);
+  std::optional<optim::GradScaler> scaler;
+  const bool scaler_on = config.precision.scaler == "on" ||
+                         (config.precision.scaler == "auto" && parts.precision == "fp16");
+  if (scaler_on) {
+    auto chosen = optim::choose_scaler_options(steps, config.precision.init_scale,
+                                               config.precision.growth_interval);
+    scaler.emplace(chosen.options);
+    parts.decisions.record("grad_scaler", fmt::format("on, init_scale {:g}, growth_interval {}",
+                                                      chosen.options.init_scale,
+                                                      chosen.options.growth_interval),
+                           (config.precision.scaler == "on" ? "precision.scaler = on; "
+                                                            : "fp16 gradients need one; ") +
+                               chosen.reason);
+    if (parts.resume && parts.resume->meta.contains("scaler")) scaler->load(parts.resume->meta["scaler"]);
+  } else {
+    parts.decisions.record("grad_scaler", "off",
+                           config.precision.scaler == "off" ? "precision.scaler = off"
+                                                            : "precision " + parts.precision +
+                                                                  " needs no loss scale");
+  }
+  // fault.inject inf_grad: a gradient hook on this rank writes inf into
+  // element 0 before the gradient reaches the reducer's bucket.
+  int64_t current_step = first_step;
+  for (const auto& f : faults) {
+    if (f.kind != "inf_grad" || f.rank != parts.rank) continue;
+    named_tensor(named, f.tensor).register_hook([&current_step, f](at::Tensor grad) {
+      if (current_step + 1 != f.step) return grad;
+      spdlog::warn("fault.inject: element 0 of the gradient of {} is inf on rank {} in step {}",
+                   f.tensor, f.rank, f.step);
+      at::Tensor planted = grad.clone();
+      planted.view(-1)[0] = std::numeric_limits<float>::infinity();
+      return planted;
+    });
+  }
   ProgressPrinter progress(steps, parts.terminal, config.job.log_every);
   PhaseTimer& timer = parts.timer;
   model.train();
@@ -214,6 +258,7 @@ TrainingResult train(TrainerParts parts) {
                            {"accum_steps", config.train.accum_steps},
                            {"optimizer", config.optim.name}};
     meta["settings"] = effective_settings(config);
+    if (scaler) meta["scaler"] = scaler->state();
     write_checkpoint(checkpoints, done, meta, model, *optimizer, parts.rank, *parts.control,
                      int(config.checkpoint.keep));
     ++result.checkpoints;
@@ -225,6 +270,7 @@ TrainingResult train(TrainerParts parts) {
     throw_if_generation_ended("rank " + std::to_string(parts.rank) + " before step " +
                               std::to_string(step + 1));
     const auto step_start = PhaseTimer::Clock::now();
+    current_step = step;
     const double lr = optim::scheduled_lr(schedule, step);
     optimizer->set_lr(lr);  // the reducer zeroes the gradients (its buckets)
 
@@ -238,18 +284,30 @@ TrainingResult train(TrainerParts parts) {
       ++microbatches_done;
       last_epoch = batch.epoch;
       auto scope = timer.measure(Phase::kForwardBackward);
-      MaskedLoss loss = masked_cross_entropy_sum(model.forward(batch.images), batch.labels);
+      MaskedLoss loss = masked_cross_entropy_sum(forward_logits(model, batch.images, autocast),
+                                                 batch.labels);
+      if (!model.first_overflow().empty()) {
+        ++result.overflows;
+        if (result.overflows <= 3)
+          spdlog::error("precision.check_overflow: rank {} step {} (input batch {} of this rank): "
+                        "the first module whose output holds inf or NaN is '{}'", parts.rank,
+                        step + 1, microbatches_done - 1, model.first_overflow());
+        parts.events.write({{"event", "overflow"}, {"step", step + 1},
+                            {"batch_index", microbatches_done - 1},
+                            {"module", model.first_overflow()}});
+        model.clear_overflow();
+      }
       maybe_fail(config, parts.rank, step, loss.sum);
       const double value = loss.sum.item<double>();
-      if (!std::isfinite(value))
+      if (!std::isfinite(value) && !scaler)  // with a scaler: the step is skipped below
         throw RunError("non-finite training loss (" + std::to_string(value) + ") at step " +
                        std::to_string(step) + " on rank " + std::to_string(parts.rank) +
                        " (epoch " + std::to_string(batch.epoch) + ", microbatch " +
                        std::to_string(micro) + ")");
       local_valid += double(loss.valid);
       reducer.begin_microbatch(micro, config.train.accum_steps, local_valid);
-      loss.sum.backward();
-      local_loss_sum += value;
+      (scaler ? loss.sum * scaler->scale() : loss.sum).backward();
+      if (std::isfinite(value)) local_loss_sum += value;
       result.masked_targets += loss.masked;
     }
 
@@ -267,6 +325,22 @@ TrainingResult train(TrainerParts parts) {
       spdlog::warn("step {}: no valid target in the global batch on any rank; no update", step);
       parts.events.write({{"event", "skipped_step"}, {"step", step}, {"reason", "no valid target"}});
       continue;
+    }
+    if (scaler) {
+      // Unscale, then one verdict from the all-reduced buffer: the same on every rank.
+      auto scope = timer.measure(Phase::kOptimizer);
+      const double scale = scaler->scale();
+      reducer.flat().second.mul_(1.0 / scale);
+      if (!scaler->update(step + 1, reducer.nonfinite_count() > 0)) {
+        spdlog::warn("step {} skipped by the gradient scaler: inf/NaN gradients after the "
+                     "all-reduce (every rank skips it); scale {:g} -> {:g}, {} skipped so far",
+                     step + 1, scale, scaler->scale(), scaler->skipped());
+        parts.events.write({{"event", "scaler_skipped_step"}, {"step", step + 1},
+                            {"scale_before", scale}, {"scale_after", scaler->scale()}});
+        audit_after(step + 1);
+        checkpoint_after(step + 1, lr);
+        continue;
+      }
     }
     result.samples += int64_t(global_valid);
     {
@@ -330,7 +404,7 @@ TrainingResult train(TrainerParts parts) {
     if (eval_now && step + 1 < steps) {
       auto scope = timer.measure(Phase::kEval);
       result.last_eval = evaluate(model, parts.data.test, parts.rank, parts.world_size,
-                                  config.eval.batch_size, parts.data_group);
+                                  config.eval.batch_size, parts.data_group, parts.precision);
       parts.events.write({{"event", "eval"}, {"step", step + 1}, {"loss", result.last_eval.loss},
                           {"accuracy", result.last_eval.accuracy}});
       if (parts.rank == 0)
@@ -339,6 +413,22 @@ TrainingResult train(TrainerParts parts) {
     }
   }
   progress.finish();
+  if (scaler) {
+    const double share = scaler->steps_seen() > 0 ? double(scaler->skipped()) / double(scaler->steps_seen()) : 0.0;
+    result.scaler = {{"skipped", scaler->skipped()}, {"steps", scaler->steps_seen()},
+                     {"skipped_share", share}, {"final_scale", scaler->scale()},
+                     {"skipped_steps", scaler->skipped_steps()}};
+    if (share > config.precision.max_skipped_share)
+      parts.decisions.record("grad_scaler_skipped", fmt::format("{} of {} steps ({:.1f}%)",
+                                                                scaler->skipped(),
+                                                                scaler->steps_seen(), 100 * share),
+                             fmt::format("more than precision.max_skipped_share = {:g}: those steps "
+                                         "trained nothing; raise precision.init_scale's headroom "
+                                         "(lower it) or find the overflow "
+                                         "(precision.check_overflow = true)",
+                                         config.precision.max_skipped_share),
+                             /*warn=*/true);
+  }
   result.allreduce_hidden_share = reducer.hidden_share();
   if (!step_times.empty()) {
     std::nth_element(step_times.begin(), step_times.begin() + long(step_times.size() / 2), step_times.end());
@@ -347,7 +437,7 @@ TrainingResult train(TrainerParts parts) {
   {
     auto scope = timer.measure(Phase::kEval);
     result.last_eval = evaluate(model, parts.data.test, parts.rank, parts.world_size,
-                                config.eval.batch_size, parts.data_group);
+                                config.eval.batch_size, parts.data_group, parts.precision);
   }
   parts.events.write({{"event", "eval"}, {"step", steps}, {"loss", result.last_eval.loss},
                       {"accuracy", result.last_eval.accuracy}});

@@ -42,6 +42,7 @@ struct TrainerParts {
   std::string checkpoint_dir;       // RUN_DIR/checkpoints ("" = none)
   const FoundCheckpoint* resume = nullptr;  // continue from this checkpoint (in checkpoint_dir)
   int64_t* steps_done = nullptr;    // may be null; kept current, so a failure can say how far it got
+  std::string precision = "fp32";   // resolved: fp32 | bf16 (autocast) | fp16 (CUDA only)
 };
 
 struct TrainingResult {
@@ -57,6 +58,8 @@ struct TrainingResult {
   int64_t audits = 0;
   int64_t audits_disagreeing = 0;
   std::string last_audit;        // verdict of the last audit
+  nlohmann::json scaler;         // the gradient scaler's figures (null: no scaler)
+  int64_t overflows = 0;         // forwards in which precision.check_overflow found inf/NaN
   double step_s_median = 0;      // median wall time of a step, after 10 warm-up steps
   double allreduce_hidden_share = 0;  // gradient bytes all-reduced before backward ended
   std::vector<std::vector<std::string>> shared_gradients;  // from the clip check

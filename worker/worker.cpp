@@ -52,9 +52,11 @@ void warn_test_switches(const JobConfig& config, DecisionLog& log) {
                    std::to_string(config.test.fail_step), /*warn=*/true);
 }
 
-// fault.inject must name tensors the model has; checked before anything starts.
+// fault.inject must name tensors the model has, precision.fp32_modules its
+// modules; checked before anything starts.
 void check_injected_faults(const JobConfig& config, const ModelRegistry& registry) {
   auto model = registry.build(config.model);  // throws InputError for an unknown name
+  model->set_fp32_modules(split_names(config.precision.fp32_modules));
   for (const auto& fault : parse_injected_faults(config.fault.inject)) {
     std::string names;
     bool found = false;
@@ -217,7 +219,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                                                options.terminal && rank == 0, options.observer,
                                                config.audit.every > 0 ? &auditor : nullptr,
                                                control.get(), folder.file("checkpoints"),
-                                               resume ? &*resume : nullptr, &steps_done});
+                                               resume ? &*resume : nullptr, &steps_done,
+                                               machine.precision});
     if (options.observer) options.observer->on_phase("done");
 
     const std::string final_digest = combined_hex(module_digests(*model, true));
