@@ -25,6 +25,10 @@ std::string classify_blas(const std::string& path) {
   return "unknown";
 }
 
+// True once the trainer moves the model, batches and gradient buffers to a
+// CUDA device (with the NCCL data group).
+constexpr bool kTrainerPlacesOnCuda = false;
+
 std::string resolve_device(const JobConfig& config, int local_rank, DecisionLog& log) {
   const bool cuda_built = LOCKSTEP_HAS_CUDA;
   const bool cuda_usable = cuda_built && torch::cuda::is_available();
@@ -33,6 +37,19 @@ std::string resolve_device(const JobConfig& config, int local_rank, DecisionLog&
                      "use device = cpu (or auto), or check CUDA_VISIBLE_DEVICES and the driver");
   if (config.device == "cpu") {
     log.record("device", "cpu", "job asked for device = cpu");
+    return "cpu";
+  }
+  // The trainer places models, batches and the reducer's buffers on the
+  // CPU only so far: a CUDA device is refused (gpu) or passed over (auto)
+  // with that reason, never used in name only.
+  if (cuda_usable && !kTrainerPlacesOnCuda) {
+    if (config.device == "gpu")
+      throw InputError("device = gpu: this machine has " +
+                       std::to_string(torch::cuda::device_count()) + " CUDA device(s), but "
+                       "lockstep's trainer does not place a model on CUDA yet (the CUDA training "
+                       "path and the NCCL data group are not built); use device = cpu or auto");
+    log.record("device", "cpu", "device = auto: CUDA is visible, but lockstep's trainer does not "
+               "place a model on CUDA yet, so this rank trains on the CPU", /*warn=*/true);
     return "cpu";
   }
   if (cuda_usable) {

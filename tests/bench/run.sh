@@ -13,3 +13,5 @@ echo "== gradient-sync efficiency" >&2
 "$build/tests/bench/sync_efficiency" 300
 echo "== recovery after a killed worker" >&2
 /usr/bin/python3 "$here/recovery.py" "$build" "$repetitions"
+echo "== bf16 against fp32" >&2
+/usr/bin/python3 "$here/precision.py" "$build" "$repetitions"
