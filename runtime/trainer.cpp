@@ -258,6 +258,9 @@ TrainingResult train(TrainerParts parts) {
                            {"accum_steps", config.train.accum_steps},
                            {"optimizer", config.optim.name}};
     meta["settings"] = effective_settings(config);
+    std::string joined;
+    for (const auto& setting : meta["settings"]) joined += setting.get<std::string>() + "\n";
+    meta["config_digest"] = checksum_hex(joined);
     if (scaler) meta["scaler"] = scaler->state();
     write_checkpoint(checkpoints, done, meta, model, *optimizer, parts.rank, *parts.control,
                      int(config.checkpoint.keep));

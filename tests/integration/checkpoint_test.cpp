@@ -94,6 +94,35 @@ TEST(Checkpoints, ResumedRunEndsWithTheUninterruptedRunsDigest) {
   }
 }
 
+// The gradient scaler's state travels in the checkpoint: a run stopped after
+// a skipped step and resumed ends with the uninterrupted run's scale, skip
+// count and parameters.
+TEST(Checkpoints, ResumeKeepsTheGradScalerState) {
+  const std::vector<std::string> scaled = {"precision.scaler=on", "precision.init_scale=1024",
+                                           "precision.growth_interval=3",
+                                           "fault.inject=inf_grad:fc.weight:1:3"};
+  TempDir whole, broken;
+  ASSERT_EQ(run_lockstep(resumable_job(whole, "sgd", scaled), whole.path(), 150).exit_code, 0);
+  auto expected = read_json(single_run(whole.path() + "/runs") + "/manifest.json");
+  std::vector<std::string> failing = scaled;
+  for (std::string s : {"test.fail_rank=1", "test.fail_step=6", "test.fail_kind=exit"}) failing.push_back(s);
+  ASSERT_NE(run_lockstep(resumable_job(broken, "sgd", failing), broken.path(), 150).exit_code, 0);
+  const std::string run = single_run(broken.path() + "/runs");
+  auto args = resumable_job(broken, "sgd", scaled);
+  args.push_back("--resume");
+  args.push_back(run);
+  auto resumed = run_lockstep(args, broken.path(), 150);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  auto manifest = read_json(run + "/manifest.json");
+  EXPECT_EQ(manifest["metrics"]["scaler"], expected["metrics"]["scaler"]) << manifest["metrics"].dump(2);
+  EXPECT_EQ(manifest["metrics"]["scaler"]["skipped"], 1);
+  EXPECT_EQ(final_digest(run), expected["metrics"]["final_param_digest"]);
+  auto newest = CheckpointStore(run + "/checkpoints").newest_valid(nullptr);
+  ASSERT_TRUE(newest);
+  EXPECT_EQ(newest->meta["scaler"]["scale"], manifest["metrics"]["scaler"]["final_scale"]);
+  EXPECT_TRUE(newest->meta.contains("config_digest"));
+}
+
 // The newest checkpoint corrupted: refused naming the file, the previous one
 // used (and the run still ends where the uninterrupted one did). With none
 // valid, or with a setting a resumed run cannot change: exit 2, named.
