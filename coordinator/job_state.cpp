@@ -346,8 +346,10 @@ void JobState::restart_or_fail_locked(const std::string& reason, int dead_rank) 
   const bool was_running = state_ == State::kRunning;
   if (was_running) {  // the generation ends; its processes may come back
     earlier_generations_.push_back({{"generation", generation_}, {"workers", workers_json_locked()}});
-    for (const auto& w : workers_)
-      if (w.state != "dead") earlier_pids_.insert(w.pid);
+    // Their ends are expected now: each gets a replacement, none counts as
+    // another failure (the dead one's included: declared dead by silence,
+    // its process may end only later).
+    for (const auto& w : workers_) earlier_pids_.insert(w.pid);
     workers_.clear();
     ++generation_;
     state_ = State::kWaiting;

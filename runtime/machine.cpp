@@ -1,5 +1,7 @@
 #include "runtime/machine.h"
 
+#include <dlfcn.h>
+
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -210,6 +212,17 @@ ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int loc
   log.record("intra_op_threads", std::to_string(machine.intra_op_threads),
              std::to_string(cores) + " cores / " + std::to_string(local_world_size) +
                  " local ranks");
+
+  // OpenBLAS keeps its own thread pool, sized from OPENBLAS_NUM_THREADS when
+  // it loaded (all cores if unset): sized here like the intra-op threads, so
+  // a rank computes the same bits however it was started.
+  using SetThreads = void (*)(int);
+  if (auto set_blas_threads = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set_blas_threads(machine.intra_op_threads);
+    log.record("blas_threads", std::to_string(machine.intra_op_threads),
+               "openblas_set_num_threads, like intra_op_threads: the same summation order whether "
+               "OPENBLAS_NUM_THREADS was set or not");
+  }
 
   BlasInfo blas = loaded_blas();
   if (blas.kind == "reference") {

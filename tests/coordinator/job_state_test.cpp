@@ -184,6 +184,33 @@ TEST(JobState, LostWorkerStartsANewGenerationThatResumesUntilTheBudgetIsSpent) {
   EXPECT_EQ(beat_from(state, 0, 2).command(), v1::HeartbeatReply::ABORT);
 }
 
+TEST(JobState, ARankDeclaredDeadCountsOnceWhenItsProcessEndsLater) {
+  auto o = options(2);
+  o.max_restarts = 2;
+  std::vector<int> killed;
+  o.on_rank_declared_dead = [&killed](int pid) { killed.push_back(pid); };
+  JobState state(o);
+  auto a = join_async(state, request("h", 0, 10));
+  auto b = join_async(state, request("h", 1, 11));
+  a.get();
+  b.get();
+  const auto start = Clock::now();
+  while (state.state() == JobState::State::kRunning && Clock::now() - start < std::chrono::seconds(3)) {
+    beat_from(state, 0, 1);  // rank 1 stays silent
+    state.check_liveness();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(state.state(), JobState::State::kWaiting);
+  EXPECT_EQ(killed, std::vector<int>{11});
+  // The launcher sees the killed process end, and the survivor give up: both
+  // replaced, neither counted again.
+  EXPECT_TRUE(state.process_ended(11, "was killed by signal 9", false));
+  EXPECT_TRUE(state.process_ended(10, "exited with status 1", false));
+  v1::StatusReply status;
+  state.status(&status);
+  EXPECT_EQ(status.restarts(), 1);
+}
+
 TEST(JobState, ReplacementForARunningSlotRestartsAtOnceAndBadInputNeverRestarts) {
   auto o = options(2);
   o.max_restarts = 3;
