@@ -5,7 +5,6 @@
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <thread>
 
@@ -16,7 +15,6 @@
 #include "lockstep/build_config.h"
 #include "coordinator/coordinator.h"
 #include "runtime/audit_report.h"
-#include "runtime/checkpoint_store.h"
 #include "runtime/dataset.h"
 #include "runtime/errors.h"
 #include "runtime/generation.h"
@@ -139,7 +137,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   coordinator_options.run_dir = config.job.run_dir;
 
   LaunchOptions options;
-  options.executable = std::filesystem::read_symlink("/proc/self/exe").string();
+  options.executable = this_executable();
   options.token = coordinator_options.token;
   options.nproc = int(config.job.world_size);
   options.terminal = ::isatty(STDOUT_FILENO);
@@ -332,8 +330,7 @@ int probe_command(const std::string& candidate, bool force, bool json) {
     return 0;
   }
   std::string why;
-  ProbeTable table = load_or_run_probe(std::filesystem::read_symlink("/proc/self/exe").string(),
-                                       force, &why);
+  ProbeTable table = load_or_run_probe(this_executable(), force, &why);
   if (json) {
     nlohmann::json out = table.to_json();
     out["source"] = why;

@@ -22,6 +22,10 @@ double seconds_between(JobState::Clock::time_point a, JobState::Clock::time_poin
 JobState::JobState(JobStateOptions options)
     : options_(std::move(options)), generation_(options_.generation), waiting_since_(created_) {}
 
+bool JobState::from_ended_generation_locked(const std::string& run_id, int64_t generation) const {
+  return run_id == options_.run_id && generation >= options_.generation && generation < generation_;
+}
+
 bool JobState::rendezvous_expired_locked(Clock::time_point now) const {
   return state_ == State::kWaiting && now >= waiting_since_ + options_.rendezvous_timeout;
 }
@@ -227,9 +231,7 @@ JobState::Worker* JobState::find_locked(const std::string& run_id, int rank, int
 
 grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatReply* reply) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (request.run_id() == options_.run_id && request.generation() >= options_.generation &&
-      request.generation() < generation_) {
-    // A rank of a generation that ended in a restart.
+  if (from_ended_generation_locked(request.run_id(), request.generation())) {
     if (state_ == State::kFailed) {
       reply->set_command(v1::HeartbeatReply::ABORT);
       reply->set_reason(failure_);
@@ -271,8 +273,7 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
 
 grpc::Status JobState::report(const v1::ReportRequest& request) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (request.run_id() == options_.run_id && request.generation() >= options_.generation &&
-      request.generation() < generation_)
+  if (from_ended_generation_locked(request.run_id(), request.generation()))
     return grpc::Status::OK;  // that generation is over; its restart is already counted
   grpc::Status error;
   Worker* w = find_locked(request.run_id(), request.rank(), request.generation(), &error);
@@ -376,25 +377,24 @@ bool JobState::process_ended(int pid, const std::string& what, bool bad_input) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (state_ == State::kFailed || state_ == State::kCompleted) return false;
   auto w = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& x) { return x.pid == pid; });
+  std::string reason;
+  int rank = -1;
   if (w == workers_.end()) {
     // A process of a restarted generation that could not rejoin: replace it,
     // that restart is counted already.
     if (earlier_pids_.erase(pid)) return true;
-    const std::string reason = "a worker process (pid " + std::to_string(pid) + ") " + what +
-                               " before it joined";
-    if (bad_input) fail_locked(reason + ": bad input, a restart would fail the same way");
-    else restart_or_fail_locked(reason, -1);
-    return state_ != State::kFailed;
-  }
-  if (w->state == "finished") return false;
-  const std::string reason = (w->rank >= 0 ? "rank " + std::to_string(w->rank) : "a joined worker") +
-                             " (" + w->host + " pid " + std::to_string(pid) + ") " + what;
-  const int rank = state_ == State::kRunning ? w->rank : -1;
-  if (state_ == State::kWaiting) {
-    workers_.erase(w);  // still forming: the replacement takes its place
+    reason = "a worker process (pid " + std::to_string(pid) + ") " + what + " before it joined";
   } else {
-    w->state = "dead";
-    spdlog::error("coordinator: {} at step {}", reason, w->step);
+    if (w->state == "finished") return false;
+    reason = (w->rank >= 0 ? "rank " + std::to_string(w->rank) : "a joined worker") + " (" +
+             w->host + " pid " + std::to_string(pid) + ") " + what;
+    if (state_ == State::kWaiting) {
+      workers_.erase(w);  // still forming: the replacement takes its place
+    } else {
+      rank = w->rank;
+      w->state = "dead";
+      spdlog::error("coordinator: {} at step {}", reason, w->step);
+    }
   }
   if (bad_input) fail_locked(reason + ": bad input, a restart would fail the same way");
   else restart_or_fail_locked(reason, rank);

@@ -129,6 +129,8 @@ class JobState {
   // else the job fails with `reason`.
   void restart_or_fail_locked(const std::string& reason, int dead_rank);
   bool rendezvous_expired_locked(Clock::time_point now) const;
+  // A call from a rank of a generation that ended in a restart.
+  bool from_ended_generation_locked(const std::string& run_id, int64_t generation) const;
   void record_audits_locked(const v1::HeartbeatRequest& request);
   std::string who_joined_locked() const;
   nlohmann::json workers_json_locked() const;

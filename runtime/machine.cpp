@@ -2,7 +2,6 @@
 
 #include <dlfcn.h>
 
-#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <thread>
@@ -72,20 +71,23 @@ std::string ratio_text(const std::optional<double>& ratio) {
   return ratio ? fmt::format("{:.2f}x", *ratio) : std::string("no figure");
 }
 
-// The probe's figures for bf16 on the CPU, and the table behind them.
-std::string cpu_bf16_figures(const ProbeTable& table, std::optional<double>* matmul,
-                             std::optional<double>* conv) {
-  *matmul = table.ratio("cpu", "bf16", "matmul");
-  *conv = table.ratio("cpu", "bf16", "conv");
-  return "the probe measured bf16 at " + ratio_text(*matmul) + " fp32's speed for matmul and " +
-         ratio_text(*conv) + " for conv, forward + backward";
-}
+// The probe's figures for bf16 on the CPU (measured now or cached), with a
+// sentence that says them and where they came from.
+struct Bf16Figures {
+  std::optional<double> matmul, conv;  // bf16 speed / fp32 speed
+  std::string text;
+  bool faster() const { return matmul && conv && *matmul > 1 && *conv > 1; }
+  bool slower() const { return (matmul && *matmul < 1) || (conv && *conv < 1); }
+};
 
-std::string probe_executable() {
-  if (const char* given = std::getenv("LOCKSTEP_EXECUTABLE"); given && *given) return given;
-  std::error_code error;
-  auto self = std::filesystem::read_symlink("/proc/self/exe", error);
-  return error ? "lockstep" : self.string();
+Bf16Figures cpu_bf16_figures() {
+  std::string why;
+  const ProbeTable table = load_or_run_probe(this_executable(), false, &why);
+  Bf16Figures figures{table.ratio("cpu", "bf16", "matmul"), table.ratio("cpu", "bf16", "conv"), ""};
+  figures.text = "the probe measured bf16 at " + ratio_text(figures.matmul) +
+                 " fp32's speed for matmul and " + ratio_text(figures.conv) +
+                 " for conv, forward + backward (" + why + ")";
+  return figures;
 }
 
 std::string resolve_precision(const JobConfig& config, const std::string& device, DecisionLog& log) {
@@ -119,16 +121,13 @@ std::string resolve_precision(const JobConfig& config, const std::string& device
   }
   const std::string flags = native_bf16_cpu_flags();
   if (asked == "bf16") {
-    std::string why;
-    ProbeTable table = load_or_run_probe(probe_executable(), false, &why);
-    std::optional<double> matmul, conv;
-    const std::string figures = cpu_bf16_figures(table, &matmul, &conv);
+    const Bf16Figures figures = cpu_bf16_figures();
     if (flags.empty())  // allow_emulated (check_machine_request refused the rest)
       log.record("precision", "bf16", "precision.allow_emulated = true: this CPU has no native bf16 "
-                 "and emulates it; " + figures + " (" + why + ")", /*warn=*/true);
+                 "and emulates it; " + figures.text, /*warn=*/true);
     else
       log.record("precision", "bf16", "job asked for bf16; native on this CPU (" + flags + "); " +
-                 figures + " (" + why + ")", (matmul && *matmul < 1) || (conv && *conv < 1));
+                 figures.text, figures.slower());
     return "bf16";
   }
   // auto
@@ -136,17 +135,13 @@ std::string resolve_precision(const JobConfig& config, const std::string& device
     log.record("precision", "fp32", "auto: this CPU has no native bf16 (no avx512_bf16 or amx_bf16 flag)");
     return "fp32";
   }
-  std::string why;
-  ProbeTable table = load_or_run_probe(probe_executable(), false, &why);
-  std::optional<double> matmul, conv;
-  const std::string figures = cpu_bf16_figures(table, &matmul, &conv);
-  if (matmul && conv && *matmul > 1 && *conv > 1) {
-    log.record("precision", "bf16", "auto: native on this CPU (" + flags + ") and faster: " + figures +
-               " (" + why + ")");
+  const Bf16Figures figures = cpu_bf16_figures();
+  if (figures.faster()) {
+    log.record("precision", "bf16", "auto: native on this CPU (" + flags + ") and faster: " + figures.text);
     return "bf16";
   }
   log.record("precision", "fp32", "auto: bf16 is native on this CPU (" + flags + ") but not faster "
-             "for both: " + figures + " (" + why + "); ask for precision = bf16 to use it anyway");
+             "for both: " + figures.text + "; ask for precision = bf16 to use it anyway");
   return "fp32";
 }
 

@@ -212,6 +212,12 @@ nlohmann::json machine_fingerprint() {
           {"libtorch", TORCH_VERSION}, {"lockstep", LOCKSTEP_VERSION}};
 }
 
+std::string this_executable() {
+  std::error_code error;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? "lockstep" : self.string();
+}
+
 std::string probe_cache_path() {
   std::filesystem::path dir;
   if (const char* own = std::getenv("LOCKSTEP_CACHE_DIR"); own && *own) dir = own;

@@ -51,6 +51,10 @@ std::string probe_cache_path();
 std::vector<ProbeRow> measure_candidate(const std::string& device, const std::string& dtype,
                                         double seconds);
 
+// This process's binary (/proc/self/exe): the lockstep that starts workers
+// and probe candidates.
+std::string this_executable();
+
 // The cached table when its fingerprint matches this machine, else a fresh
 // probe (under a lock on the cache: concurrent ranks wait for one probe),
 // written to the cache. `why` says which and why. `executable` is the
