@@ -5,10 +5,10 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
-#include <google/protobuf/util/json_util.h>
 #include <spdlog/spdlog.h>
 
 #include "cli/launcher.h"
@@ -32,13 +32,6 @@ namespace {
 using std::chrono::milliseconds;
 
 milliseconds to_ms(double seconds) { return milliseconds(int64_t(seconds * 1000.0)); }
-
-std::string random_token() {
-  std::random_device device;
-  char text[33];
-  for (int i = 0; i < 32; i += 8) std::snprintf(text + i, 9, "%08x", device());
-  return text;
-}
 
 // --token-file, else LOCKSTEP_TOKEN; neither is bad input.
 std::string resolve_token(const std::string& token_file) {
@@ -83,6 +76,12 @@ JobConfig checked_job(const std::string& job_file, const std::vector<std::string
   return config;
 }
 
+// What a worker takes from its own host's environment.
+void read_host_settings(WorkerOptions& options) {
+  options.cpu = CpuBudget::of_this_process();
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) options.gloo_socket_ifname = ifname;
+}
+
 int torchrun_worker(const std::string& job_file, const std::vector<std::string>& overrides,
                     std::chrono::steady_clock::time_point start) {
   if (job_file.empty())
@@ -93,6 +92,7 @@ int torchrun_worker(const std::string& job_file, const std::vector<std::string>&
   WorkerOptions options;
   options.process_start = start;
   options.terminal = ::isatty(STDOUT_FILENO);
+  read_host_settings(options);
   run_worker(config, rendezvous, ModelRegistry::with_builtins(), options);
   return 0;
 }
@@ -130,7 +130,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   CoordinatorOptions coordinator_options;
   coordinator_options.listen = "127.0.0.1:0";
   const char* given_token = std::getenv("LOCKSTEP_TOKEN");
-  coordinator_options.token = given_token && *given_token ? given_token : random_token();
+  coordinator_options.token = given_token && *given_token ? given_token : random_hex(16);
   spdlog::info("Decision: job token = {} ({})", given_token && *given_token ? "LOCKSTEP_TOKEN" : "generated",
                given_token && *given_token ? "set in the environment: `lockstep status` can use it"
                                            : "random per run, handed to the workers only");
@@ -141,10 +141,6 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   options.token = coordinator_options.token;
   options.nproc = int(config.job.world_size);
   options.terminal = ::isatty(STDOUT_FILENO);
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  options.threads_per_rank = std::max(1, int(cores) / options.nproc);
-  spdlog::info("Decision: OMP_NUM_THREADS = OPENBLAS_NUM_THREADS = {} ({} cores / {} local ranks; "
-               "unless already set)", options.threads_per_rank, cores, options.nproc);
 
   JobStateOptions job = job_options(config, run_id);
   // Every worker is a child of this process: one the coordinator declares
@@ -172,7 +168,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
 int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,
                         const std::string& listen, const std::string& token_file,
                         const std::string& tls_cert, const std::string& tls_key,
-                        const std::string& resume_dir) {
+                        const std::string& resume_dir, const std::string& run_id) {
   std::vector<std::string> passed_on = overrides;
   const std::string resumed_id = resumed_run_id(resume_dir, passed_on);
   JobConfig config = checked_job(job_file, passed_on);
@@ -196,8 +192,11 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  CoordinatorServer coordinator(
-      options, job_options(config, resumed_id.empty() ? new_run_id(config.job.name) : resumed_id));
+  if (!run_id.empty() && (run_id.find_first_of("/\\") != std::string::npos || run_id == "." ||
+                          run_id == ".." || run_id.size() > 200))
+    throw InputError("--run-id '" + run_id + "': a folder name is needed (no '/', at most 200 characters)");
+  const std::string id = !resumed_id.empty() ? resumed_id : !run_id.empty() ? run_id : new_run_id(config.job.name);
+  CoordinatorServer coordinator(options, job_options(config, id));
   coordinator.start();
   std::thread([&coordinator, signals] {
     int received = 0;
@@ -208,6 +207,62 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
 }
 
 namespace {
+
+// Join, retried with backoff while the coordinator cannot be reached (it
+// may start after its workers, as srun and Kubernetes start processes in
+// any order), for at most --rendezvous-timeout. Says once that it waits.
+grpc::Status join_when_reachable(CoordinatorClient& client, const ConnectionFlags& connection,
+                                 const v1::JoinRequest& request, v1::JoinReply* reply) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto limit = to_ms(connection.rendezvous_timeout_s);
+  auto pause = milliseconds(100);
+  for (bool told = false;;) {
+    grpc::Status joined = client.join(request, reply, std::chrono::minutes(30));
+    if (joined.error_code() != grpc::StatusCode::UNAVAILABLE) return joined;
+    const auto waited = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
+    if (waited >= limit)
+      throw RunError("the coordinator at " + connection.coordinator + " could not be reached for " +
+                     fmt::format("{:g}", connection.rendezvous_timeout_s) +
+                     " s (--rendezvous-timeout): " + describe(joined) +
+                     "; is it running, and is that its address and port?");
+    if (!told) {
+      spdlog::info("waiting for the coordinator at {} ({}); retrying for up to {:g} s",
+                   connection.coordinator, describe(joined), connection.rendezvous_timeout_s);
+      told = true;
+    }
+    std::this_thread::sleep_for(std::min(pause, limit - waited));
+    pause = std::min(pause * 2, milliseconds(2000));
+  }
+}
+
+// A host that does not share the coordinator's run folder (its marker reads
+// differently here, or not at all) sends this rank's files there, so that
+// the coordinator's folder holds the whole run: manifest, evidence, events.
+// Gives up at the first file the coordinator does not take within `deadline`.
+void send_run_files(CoordinatorClient& client, const v1::JoinReply& reply, const JobConfig& config,
+                    milliseconds deadline) {
+  const RunFolder folder(config.job.run_dir, reply.run_id());
+  std::ifstream marker(folder.file(".coordinator"));
+  std::string seen((std::istreambuf_iterator<char>(marker)), std::istreambuf_iterator<char>());
+  if (seen == reply.folder_marker()) return;  // one folder: nothing to send
+  std::vector<std::string> names = {"events-rank" + std::to_string(reply.rank()) + ".jsonl",
+                                    "audit-rank" + std::to_string(reply.rank()) + ".jsonl"};
+  if (reply.rank() == 0) names.insert(names.end(), {"manifest.json", "model-final.pt"});
+  std::string sent;
+  for (const auto& name : names) {
+    if (!std::filesystem::exists(folder.file(name))) continue;
+    grpc::Status status = client.put_file(reply.run_id(), reply.rank(), name, folder.file(name), deadline);
+    if (!status.ok()) {
+      spdlog::warn("could not send {} to the coordinator ({}); it and the rest stay in {}", name,
+                   describe(status), folder.path());
+      break;
+    }
+    sent += (sent.empty() ? "" : ", ") + name;
+  }
+  spdlog::info("Decision: run_files = sent to the coordinator ({}) (this host does not share the "
+               "coordinator's run folder: {} has no matching .coordinator marker; the files stay "
+               "here too)", sent.empty() ? "none" : sent, folder.path());
+}
 
 // One generation of a coordinated worker: joins, trains, reports. Returns
 // the generation when the coordinator ended it and the job restarts (the
@@ -222,7 +277,7 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
   request.set_previous_generation(previous_generation);
   if (std::getenv("RANK")) request.set_claimed_rank(env_int("RANK", 0));
   v1::JoinReply reply;
-  grpc::Status joined = client.join(request, &reply, std::chrono::minutes(30));
+  grpc::Status joined = join_when_reachable(client, connection, request, &reply);
   if (!joined.ok()) {
     auto code = joined.error_code();
     std::string message = "the coordinator at " + connection.coordinator + " did not let this "
@@ -257,6 +312,7 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
   options.observer = &heartbeat;
   options.restarted = reply.resume();
   options.generation = reply.generation();
+  read_host_settings(options);
 
   v1::ReportRequest report;
   report.set_run_id(reply.run_id());
@@ -265,6 +321,7 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
   try {
     WorkerSummary summary = run_worker(config, rendezvous, ModelRegistry::with_builtins(), options);
     heartbeat.stop();
+    send_run_files(client, reply, config, milliseconds(30000));
     report.set_success(true);
     report.set_metrics_json(summary.metrics.dump());
     report.set_decisions_json(summary.decisions.dump());
@@ -288,6 +345,7 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
       }
     }
     heartbeat.stop();
+    send_run_files(client, reply, config, milliseconds(2000));
     report.set_success(false);
     report.set_error(e.what());
     if (auto sent = client.report(report, milliseconds(10000)); !sent.ok())
@@ -357,6 +415,22 @@ int audit_command(const std::string& run_dir, bool json) {
   return report.exit_code;
 }
 
+// `lockstep status --json`: field names as in the proto, counts as JSON
+// numbers (protobuf's own JSON prints 64-bit integers as strings).
+nlohmann::json status_json(const v1::StatusReply& reply) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : reply.ranks())
+    ranks.push_back({{"rank", r.rank()}, {"host", r.host()}, {"pid", r.pid()},
+                     {"step", int64_t(r.step())}, {"loss", r.loss()},
+                     {"samples_per_s", r.samples_per_s()}, {"heartbeat_age_s", r.heartbeat_age_s()},
+                     {"state", r.state()}, {"phase", r.phase()}, {"audit", r.audit()}});
+  return {{"run_id", reply.run_id()},         {"state", reply.state()},
+          {"world_size", reply.world_size()}, {"joined", reply.joined()},
+          {"generation", int64_t(reply.generation())}, {"restarts", reply.restarts()},
+          {"max_restarts", reply.max_restarts()}, {"failure", reply.failure()},
+          {"last_audit", reply.last_audit()}, {"ranks", ranks}};
+}
+
 int status_command(const ConnectionFlags& connection, bool json) {
   CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
                             connection.tls_ca});
@@ -365,11 +439,7 @@ int status_command(const ConnectionFlags& connection, bool json) {
   if (!status.ok())
     throw RunError("cannot get the status from " + connection.coordinator + ": " + describe(status));
   if (json) {
-    std::string text;
-    google::protobuf::util::JsonPrintOptions print;
-    print.always_print_primitive_fields = true;
-    (void)google::protobuf::util::MessageToJsonString(reply, &text, print);
-    std::printf("%s\n", text.c_str());
+    std::printf("%s\n", status_json(reply).dump(2).c_str());
     return 0;
   }
   std::printf("run %s: %s, generation %lld (restarts %d of %d allowed), %d of %d joined%s%s\n",

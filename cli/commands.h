@@ -12,6 +12,7 @@ struct ConnectionFlags {
   std::string coordinator;  // HOST:PORT
   std::string token_file;   // else LOCKSTEP_TOKEN
   std::string tls_ca;       // CA to verify the coordinator's certificate
+  double rendezvous_timeout_s = 120;  // worker: how long to wait for an unreachable coordinator
 };
 
 int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc,
@@ -19,7 +20,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
 int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,
                         const std::string& listen, const std::string& token_file,
                         const std::string& tls_cert, const std::string& tls_key,
-                        const std::string& resume_dir);
+                        const std::string& resume_dir, const std::string& run_id);
 int worker_command(const std::string& job_file, const std::vector<std::string>& overrides,
                    const ConnectionFlags& connection, std::chrono::steady_clock::time_point start);
 int status_command(const ConnectionFlags& connection, bool json);

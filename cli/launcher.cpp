@@ -78,8 +78,8 @@ std::vector<std::string> child_environment(const LaunchOptions& options, int ran
   // from the generation it joins.
   for (const char* name : {"TORCHELASTIC_RESTART_COUNT", "LOCKSTEP_RESTART_COUNT"}) env.erase(name);
   env["LOCKSTEP_TERMINAL"] = options.terminal ? "1" : "0";
-  for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
-    if (!env.count(name)) env[name] = std::to_string(options.threads_per_rank);
+  // Threads: each worker derives its own (job.threads_per_rank, affinity,
+  // cgroup quota, a user's OMP_NUM_THREADS), so nothing is set here.
   std::vector<std::string> out;
   for (const auto& [key, value] : env) out.push_back(key + "=" + value);
   return out;

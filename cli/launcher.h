@@ -17,7 +17,6 @@ struct LaunchOptions {
   std::string coordinator;              // HOST:PORT every worker joins
   std::string token;                    // LOCKSTEP_TOKEN for every worker
   int nproc = 1;
-  int threads_per_rank = 1;             // OMP_NUM_THREADS / OPENBLAS_NUM_THREADS
   bool terminal = false;                // our stdout is a terminal
   double stop_grace_s = 5;              // SIGTERM, then SIGKILL after this
   // Asked when a worker ends unsuccessfully (`what`: "exited with status 1",

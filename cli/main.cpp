@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"lockstep " LOCKSTEP_VERSION ": data-parallel training that never fails silently"};
   app.require_subcommand(1);
-  std::string job_file, listen = "127.0.0.1:50051", token_file, tls_cert, tls_key, resume_dir;
+  std::string job_file, listen = "127.0.0.1:50051", token_file, tls_cert, tls_key, resume_dir, run_id;
   std::vector<std::string> overrides;
   ConnectionFlags connection;
   int nproc = 0;
@@ -48,6 +48,10 @@ int main(int argc, char** argv) {
   coordinator->add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
   coordinator->add_option("--resume", resume_dir,
                           "continue the run in RUN_DIR from its newest valid checkpoint");
+  coordinator->add_option("--run-id", run_id,
+                          "the run's id (its folder's name) instead of a new one, e.g. "
+                          "slurm-$SLURM_JOB_ID so that a requeued job finds its folder")
+      ->excludes("--resume");
 
   auto* worker = app.add_subcommand(
       "worker", "run one rank: join --coordinator, or rendezvous from torchrun's variables "
@@ -55,6 +59,10 @@ int main(int argc, char** argv) {
   worker->add_option("job", job_file, "job file (TOML), without --coordinator");
   worker->add_option("--set", overrides, "override a job key (without --coordinator)");
   add_connection(worker, false);
+  worker->add_option("--rendezvous-timeout", connection.rendezvous_timeout_s,
+                     "seconds to keep trying a coordinator that is not reachable yet (default 120, "
+                     "like comm.rendezvous_timeout_s)")
+      ->check(CLI::Range(0.001, 86400.0));
 
   auto* status = app.add_subcommand("status", "show a running job, one row per rank");
   add_connection(status, true);
@@ -87,7 +95,7 @@ int main(int argc, char** argv) {
     if (run->parsed()) return run_command(job_file, overrides, nproc, resume_dir);
     if (coordinator->parsed())
       return coordinator_command(job_file, overrides, listen, token_file, tls_cert, tls_key,
-                                 resume_dir);
+                                 resume_dir, run_id);
     if (status->parsed()) return status_command(connection, json);
     if (audit->parsed()) return audit_command(run_dir, json);
     if (probe->parsed()) return probe_command(candidate, force, json);

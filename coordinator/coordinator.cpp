@@ -25,6 +25,41 @@ bool same_secret(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+grpc::Status receive_file_chunk(const std::string& folder, int world_size, const v1::FileChunk& chunk) {
+  const int rank = chunk.rank();
+  const std::string& name = chunk.name();
+  const std::string suffix = "-rank" + std::to_string(rank) + ".jsonl";
+  const bool allowed = rank >= 0 && rank < world_size &&
+                       (name == "events" + suffix || name == "audit" + suffix ||
+                        (rank == 0 && (name == "manifest.json" || name == "model-final.pt")));
+  if (!allowed)
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            "rank " + std::to_string(rank) + " may not send '" + name + "' (allowed: events" + suffix +
+                ", audit" + suffix + (rank == 0 ? ", manifest.json, model-final.pt" : "") + ")"};
+  if (chunk.data().size() > (256u << 10))
+    return {grpc::StatusCode::INVALID_ARGUMENT, "a chunk carries at most 256 KiB"};
+  // Chunks arrive in order into a partial file, renamed into place with the last.
+  const std::string partial = folder + "/." + name + ".partial";
+  std::error_code error;
+  const auto size = std::filesystem::exists(partial) ? std::filesystem::file_size(partial, error) : 0;
+  if (chunk.offset() != 0 && uintmax_t(chunk.offset()) != size)
+    return {grpc::StatusCode::FAILED_PRECONDITION,
+            name + ": chunk at offset " + std::to_string(chunk.offset()) + ", but " +
+                std::to_string(size) + " bytes arrived before it (start again at offset 0)"};
+  std::ofstream out(partial, chunk.offset() == 0 ? std::ios::binary | std::ios::trunc
+                                                 : std::ios::binary | std::ios::app);
+  out.write(chunk.data().data(), std::streamsize(chunk.data().size()));
+  out.close();
+  if (!out) return {grpc::StatusCode::INTERNAL, "cannot write " + partial};
+  if (chunk.last()) {
+    std::filesystem::rename(partial, folder + "/" + name, error);
+    if (error) return {grpc::StatusCode::INTERNAL, "cannot rename " + partial + ": " + error.message()};
+    spdlog::info("coordinator: received {} from rank {} ({} bytes)", name, rank,
+                 chunk.offset() + int64_t(chunk.data().size()));
+  }
+  return grpc::Status::OK;
+}
+
 void add_recovery_costs(const std::string& run_folder, nlohmann::json& restarts) {
   struct Event {
     std::string kind;
@@ -111,6 +146,17 @@ class CoordinatorServer::Service final : public v1::Coordinator::Service {
     state_.status(reply);
     return grpc::Status::OK;
   }
+  grpc::Status PutFile(grpc::ServerContext* context, const v1::FileChunk* chunk,
+                       v1::PutFileReply*) override {
+    if (auto denied = check_token(*context); !denied.ok()) return denied;
+    if (chunk->run_id() != state_.run_id())
+      return {grpc::StatusCode::NOT_FOUND, "run " + chunk->run_id() + " is not this coordinator's ("
+                                               + state_.run_id() + ")"};
+    if (folder_.empty()) return {grpc::StatusCode::FAILED_PRECONDITION, "this coordinator keeps no run folder"};
+    return receive_file_chunk(folder_, state_.world_size(), *chunk);
+  }
+
+  std::string folder_;  // the run folder files are copied into ("" = none)
 
  private:
   grpc::Status check_token(const grpc::ServerContext& context) const {
@@ -154,10 +200,19 @@ void CoordinatorServer::start() {
   });
   spdlog::info("coordinator: c10d TCPStore for the job on port {}", job_.store_port);
 
-  if (!options_.run_dir.empty())
-    job_.audit_log = RunFolder(options_.run_dir, job_.run_id).file("audit.jsonl");
+  if (!options_.run_dir.empty()) {
+    // The run folder exists from the start, with a marker whose contents
+    // every worker gets at Join: one that reads the same in its own run
+    // folder shares this one; the others send their files at the end.
+    RunFolder folder(options_.run_dir, job_.run_id);
+    folder.create();
+    job_.audit_log = folder.file("audit.jsonl");
+    job_.folder_marker = job_.run_id + " " + random_hex(16);
+    write_file_atomically(folder.file(".coordinator"), job_.folder_marker);
+  }
   state_ = std::make_unique<JobState>(job_);
   service_ = std::make_unique<Service>(*state_, options_.token);
+  if (!options_.run_dir.empty()) service_->folder_ = RunFolder(options_.run_dir, job_.run_id).path();
   std::shared_ptr<grpc::ServerCredentials> credentials;
   if (!options_.tls_cert_file.empty()) {
     grpc::SslServerCredentialsOptions ssl;

@@ -66,6 +66,11 @@ class CoordinatorServer {
 // folder's events files.
 void add_recovery_costs(const std::string& run_folder, nlohmann::json& restarts);
 
+// Writes one chunk of a worker's run-folder file into `folder` (the PutFile
+// call): only that rank's own files, in order, renamed into place with the
+// last chunk. Returns INVALID_ARGUMENT for a name the rank may not send.
+grpc::Status receive_file_chunk(const std::string& folder, int world_size, const v1::FileChunk& chunk);
+
 // Reads a file's whole contents; throws InputError naming `what` and the path.
 std::string read_secret_file(const std::string& path, const std::string& what);
 // "abcd…(32 chars)": enough to tell tokens apart, never the whole secret.

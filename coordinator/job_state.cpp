@@ -210,6 +210,7 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
   for (const auto& [key, source] : options_.sources) (*reply->mutable_config_sources())[key] = source;
   reply->set_job_file(options_.job_file);
   reply->set_store_port(options_.store_port);
+  reply->set_folder_marker(options_.folder_marker);
   reply->set_local_world_size(me.local_world_size);
   reply->set_local_rank(me.local_index);
   reply->set_resume(generation_ > options_.generation);

@@ -46,6 +46,7 @@ struct JobStateOptions {
   std::map<std::string, std::string> sources;  // where each setting came from
   std::string job_file;
   int store_port = 0;
+  std::string folder_marker;  // contents of the coordinator's <run folder>/.coordinator
   std::chrono::milliseconds rendezvous_timeout{120000};
   std::chrono::milliseconds heartbeat_timeout{10000};
   std::chrono::milliseconds heartbeat_period{1000};  // what workers were told to keep
@@ -92,6 +93,8 @@ class JobState {
   void wait_until_told(std::chrono::milliseconds timeout) const;
   State state() const;
   std::string failure() const;
+  const std::string& run_id() const { return options_.run_id; }
+  int world_size() const { return options_.world_size; }
   // The coordinator's view for manifest.json.
   nlohmann::json to_json() const;
 

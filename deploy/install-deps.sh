@@ -11,6 +11,8 @@ packages=(
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
   dataset-fashion-mnist openssl
+  iproute2 util-linux
+  slurmd slurmctld slurm-client munge python3-yaml
   python3-torch python3-numpy
 )
 

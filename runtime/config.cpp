@@ -9,6 +9,7 @@
 #include <variant>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
 #include "runtime/errors.h"
@@ -52,6 +53,7 @@ const std::vector<KeySpec>& schema() {
       {"job.epochs", Kind::kFloat, LOCKSTEP_FIELD(job.epochs), 0, 1e6},
       {"job.run_dir", Kind::kString, LOCKSTEP_FIELD(job.run_dir)},
       {"job.log_every", Kind::kInt, LOCKSTEP_FIELD(job.log_every), 1, 1e12},
+      {"job.threads_per_rank", Kind::kInt, LOCKSTEP_FIELD(job.threads_per_rank), 0, 4096},
       {"model.name", Kind::kString, LOCKSTEP_FIELD(model.name)},
       {"model.dropout", Kind::kFloat, LOCKSTEP_FIELD(model.dropout), 0, 0.99},
       {"data.name", Kind::kString, LOCKSTEP_FIELD(data.name), -kInf, kInf, false,
@@ -83,6 +85,8 @@ const std::vector<KeySpec>& schema() {
        true},
       {"comm.collective_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.collective_timeout_s), 0,
        86400, true},
+      {"comm.interface", Kind::kString, LOCKSTEP_FIELD(comm.interface), -kInf, kInf, false, {},
+       true},
       {"comm.rendezvous_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.rendezvous_timeout_s), 0,
        86400, true},
       {"audit.every", Kind::kInt, LOCKSTEP_FIELD(audit.every), 0, 1e12},
@@ -217,9 +221,34 @@ void check_value(const std::string& where, const KeySpec& spec, const Value& val
   }
 }
 
+// job.steps and job.epochs say the same thing two ways: a later source
+// (the command line over the job file) that sets one clears the other, said
+// as a decision; both from one source stay an error (validate).
+void settle_run_length(JobConfig& config, const KeySpec& spec, const Value& value,
+                       const std::string& source) {
+  if (spec.key != "job.steps" && spec.key != "job.epochs") return;
+  const bool steps = spec.key == "job.steps";
+  const bool set = steps ? std::get<int64_t>(value) > 0 : std::get<double>(value) > 0;
+  const std::string other = steps ? "job.epochs" : "job.steps";
+  const bool other_set = steps ? config.job.epochs > 0 : config.job.steps > 0;
+  if (!set || !other_set || config.sources[other] == source) return;
+  const std::string was = steps ? format_number(config.job.epochs) : std::to_string(config.job.steps);
+  const std::string now = steps ? std::to_string(std::get<int64_t>(value)) + " steps"
+                                : format_number(std::get<double>(value)) + " epochs";
+  ConfigDecision d{"run_length", now,
+                   source + " sets " + spec.key + ", which replaces " + other + " = " + was +
+                       " from " + config.sources[other]};
+  spdlog::info("Decision: {} = {} ({})", d.what, d.value, d.reason);
+  config.decisions.push_back(d);
+  if (steps) config.job.epochs = 0;
+  else config.job.steps = 0;
+  config.sources[other] = "cleared by " + source + " " + spec.key;
+}
+
 void set_value(JobConfig& config, const KeySpec& spec, const Value& value,
                const std::string& where, const std::string& shown, const std::string& source) {
   check_value(where, spec, value, shown);
+  settle_run_length(config, spec, value, source);
   spec.set(config, value);
   config.sources[spec.key] = source;
 }

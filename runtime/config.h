@@ -21,6 +21,10 @@ struct JobSection {
   double epochs = 0;              // passes over the training set
   std::string run_dir = "./runs"; // where runs/<run-id>/ is written
   int64_t log_every = 50;         // steps between logged events
+  // Intra-op (and BLAS) threads of each rank; 0 = derived from the CPUs this
+  // process may use (affinity, cgroup quota, OMP_NUM_THREADS) over its
+  // local ranks. Set it for the same bits however the ranks are placed.
+  int64_t threads_per_rank = 0;
 };
 
 struct ModelSection {
@@ -63,7 +67,10 @@ struct CommSection {
   std::string unused_parameters = "error";  // a parameter without a gradient: error | zero
   double barrier_timeout_s = 60.0;     // control group: barriers, checks
   double collective_timeout_s = 300.0; // data group: gradient all-reduce
-  double rendezvous_timeout_s = 120.0; // reaching the store, connecting the groups
+  double rendezvous_timeout_s = 120.0; // reaching the coordinator and the store, connecting the groups
+  // The interface (eth0) or local address Gloo binds; "" = the one on the
+  // route to the rendezvous store. GLOO_SOCKET_IFNAME on a host wins.
+  std::string interface;
 };
 
 struct AuditSection {
@@ -132,6 +139,12 @@ struct TestSection {
   int64_t fail_generations = 1;    // ... in this many generations of a restarted run
 };
 
+// A choice made while reading the configuration (the command line's
+// job.steps replacing the file's job.epochs), for the decision log.
+struct ConfigDecision {
+  std::string what, value, reason;
+};
+
 struct JobConfig {
   JobSection job;
   ModelSection model;
@@ -150,6 +163,7 @@ struct JobConfig {
   // Where each key's value came from: "default", the job file, or "--set".
   std::map<std::string, std::string> sources;
   std::string job_file;  // path it was read from ("" when built in code)
+  std::vector<ConfigDecision> decisions;  // made while reading it
 };
 
 // Reads `path`, applies `overrides` ("key=value", later wins) and validates.

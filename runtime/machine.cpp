@@ -1,8 +1,13 @@
 #include "runtime/machine.h"
 
 #include <dlfcn.h>
+#include <sched.h>
+#include <unistd.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <optional>
 #include <thread>
 
@@ -145,7 +150,98 @@ std::string resolve_precision(const JobConfig& config, const std::string& device
   return "fp32";
 }
 
+// cgroup v2: the smallest cpu.max quota on the path from this process's
+// cgroup to the root; v1: cpu.cfs_quota_us / cpu.cfs_period_us. 0 = none.
+double cgroup_cpu_quota() {
+  std::ifstream cgroups("/proc/self/cgroup");
+  double smallest = 0;
+  for (std::string line; std::getline(cgroups, line);) {
+    const auto first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    std::string path = line.substr(second + 1);
+    auto consider = [&](double cpus) {
+      if (cpus > 0 && (smallest == 0 || cpus < smallest)) smallest = cpus;
+    };
+    if (controllers.empty()) {  // v2
+      for (;;) {
+        std::ifstream max("/sys/fs/cgroup" + path + "/cpu.max");
+        std::string quota;
+        double period = 0;
+        if (max >> quota >> period && quota != "max" && period > 0) consider(std::stod(quota) / period);
+        if (path.empty() || path == "/") break;
+        path = path.substr(0, path.rfind('/'));
+      }
+    } else if (controllers.find("cpu") != std::string::npos &&
+               controllers.find("cpuset") == std::string::npos) {  // v1
+      for (const std::string mount : {"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"}) {
+        std::ifstream quota_file(mount + path + "/cpu.cfs_quota_us");
+        std::ifstream period_file(mount + path + "/cpu.cfs_period_us");
+        double quota = 0, period = 0;
+        if (quota_file >> quota && period_file >> period && quota > 0 && period > 0) {
+          consider(quota / period);
+          break;
+        }
+      }
+    }
+  }
+  return smallest;
+}
+
 }  // namespace
+
+CpuBudget CpuBudget::of_this_process() {
+  CpuBudget budget;
+  budget.online = std::max(1, int(std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  budget.affinity = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : budget.online;
+  budget.quota = cgroup_cpu_quota();
+  if (const char* text = std::getenv("OMP_NUM_THREADS"); text && *text) {
+    char* end = nullptr;
+    const long value = std::strtol(text, &end, 10);
+    if (*end != '\0' || value < 1 || value > 4096)
+      throw InputError("environment variable OMP_NUM_THREADS = '" + std::string(text) +
+                       "' must be an integer in [1, 4096] (or unset; job.threads_per_rank sets "
+                       "the threads per rank for the whole job)");
+    budget.omp_num_threads = int(value);
+  }
+  return budget;
+}
+
+int CpuBudget::usable() const {
+  int cpus = std::max(1, affinity);
+  if (quota > 0) cpus = std::min(cpus, std::max(1, int(std::floor(quota))));
+  return cpus;
+}
+
+int threads_per_rank(const JobConfig& config, const CpuBudget& budget, int local_world_size,
+                     std::string* reason, bool* oversubscribed) {
+  const int locals = std::max(1, local_world_size);
+  std::ostringstream limits;
+  limits << budget.affinity << " of " << budget.online << " CPUs in this process's affinity";
+  if (budget.quota > 0) limits << ", cgroup quota " << budget.quota << " CPUs";
+  const int share = std::max(1, budget.usable() / locals);
+  *oversubscribed = false;
+  if (config.job.threads_per_rank > 0) {
+    const int threads = int(config.job.threads_per_rank);
+    *oversubscribed = int64_t(threads) * locals > budget.usable();
+    *reason = "job.threads_per_rank = " + std::to_string(threads) +
+              (*oversubscribed ? "; more than this process's share (" + limits.str() + ", " +
+                                     std::to_string(locals) + " local ranks: " +
+                                     std::to_string(share) + " each): threads will wait on each other"
+                               : "; the same on every host, so placement does not change the bits");
+    return threads;
+  }
+  int threads = share;
+  std::string why = limits.str() + " / " + std::to_string(locals) + " local ranks";
+  if (budget.omp_num_threads > 0 && budget.omp_num_threads < threads) {
+    threads = budget.omp_num_threads;
+    why += ", capped by OMP_NUM_THREADS = " + std::to_string(budget.omp_num_threads);
+  }
+  *reason = why + "; job.threads_per_rank = 0 (derived): set it for the same bits on any placement";
+  return threads;
+}
 
 BlasInfo loaded_blas() {
   std::ifstream maps("/proc/self/maps");
@@ -189,7 +285,7 @@ void check_machine_request(const JobConfig& config) {
 }
 
 ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int local_world_size,
-                                DecisionLog& log) {
+                                const CpuBudget& budget, DecisionLog& log) {
   check_machine_request(config);
   ResolvedMachine machine;
   machine.device = resolve_device(config, local_rank, log);
@@ -201,12 +297,11 @@ ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int loc
 
   machine.precision = resolve_precision(config, machine.device, log);
 
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  machine.intra_op_threads = std::max(1, int(cores) / std::max(1, local_world_size));
+  std::string why;
+  bool oversubscribed = false;
+  machine.intra_op_threads = threads_per_rank(config, budget, local_world_size, &why, &oversubscribed);
   at::set_num_threads(machine.intra_op_threads);
-  log.record("intra_op_threads", std::to_string(machine.intra_op_threads),
-             std::to_string(cores) + " cores / " + std::to_string(local_world_size) +
-                 " local ranks");
+  log.record("intra_op_threads", std::to_string(machine.intra_op_threads), why, oversubscribed);
 
   // OpenBLAS keeps its own thread pool, sized from OPENBLAS_NUM_THREADS when
   // it loaded (all cores if unset): sized here like the intra-op threads, so

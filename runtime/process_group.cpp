@@ -45,12 +45,15 @@ CollectiveGroup::~CollectiveGroup() = default;
 
 std::unique_ptr<CollectiveGroup> CollectiveGroup::gloo(const StorePtr& store, int rank, int size,
                                                        std::chrono::milliseconds timeout,
-                                                       const std::string& host) {
+                                                       const std::vector<std::string>& addresses) {
   auto options = c10d::ProcessGroupGloo::Options::create();
   options->timeout = timeout;
-  options->devices.push_back(host.empty()
-                                 ? c10d::ProcessGroupGloo::createDefaultDevice()
-                                 : c10d::ProcessGroupGloo::createDeviceForHostname(host));
+  // Never createDefaultDevice(): it binds whatever the host name resolves
+  // to, loopback when it does not resolve, and peers on other hosts fail.
+  for (const auto& address : addresses)
+    options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(address));
+  if (options->devices.empty())
+    throw std::invalid_argument("CollectiveGroup::gloo: no address to bind");
   auto impl = std::make_unique<Impl>();
   impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
   return std::unique_ptr<CollectiveGroup>(new CollectiveGroup(std::move(impl)));

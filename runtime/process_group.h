@@ -46,11 +46,11 @@ class CollectiveGroup {
  public:
   struct Impl;
   // A Gloo group on `store`. `timeout` bounds every collective; connecting
-  // is bounded by the store's own timeout. `host` is the address Gloo binds
-  // (an empty string: the default interface).
+  // is bounded by the store's own timeout. `addresses` are the local
+  // addresses Gloo binds, one device each (runtime/network.h chooses them).
   static std::unique_ptr<CollectiveGroup> gloo(const StorePtr& store, int rank, int size,
                                                std::chrono::milliseconds timeout,
-                                               const std::string& host);
+                                               const std::vector<std::string>& addresses);
   ~CollectiveGroup();
 
   int rank() const;

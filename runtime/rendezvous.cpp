@@ -65,7 +65,8 @@ RendezvousResult TorchrunRendezvous::join(std::chrono::milliseconds timeout) {
   result.world_size = env_.world_size;
   result.local_rank = env_.local_rank;
   result.local_world_size = env_.local_world_size;
-  result.gloo_host = is_loopback(env_.master_addr) ? "127.0.0.1" : "";
+  result.store_host = env_.master_addr;
+  result.store_port = env_.master_port;
   const bool host_store = env_.rank == 0;
   try {
     result.store = open_tcp_store(env_.master_addr, env_.master_port, host_store,

@@ -16,7 +16,8 @@ struct RendezvousResult {
   int local_rank = 0;
   int local_world_size = 1;
   StorePtr store;            // shared by every rank of the job
-  std::string gloo_host;     // address Gloo binds ("" = default interface)
+  std::string store_host;    // where this rank reached the store (Gloo's address follows
+  int store_port = 0;        // from the route there: runtime/network.h)
   std::string run_id;        // "" = rank 0 chooses one
   std::string description;   // for the log: where the store is, who hosts it
 };

@@ -31,6 +31,17 @@ std::string new_run_id(const std::string& job_name) {
   return name + "-" + stamp + "-" + suffix;
 }
 
+std::string random_hex(int bytes) {
+  std::random_device device;
+  std::string text;
+  char pair[3];
+  for (int i = 0; i < bytes; ++i) {
+    std::snprintf(pair, sizeof pair, "%02x", device() & 0xff);
+    text += pair;
+  }
+  return text;
+}
+
 std::string utc_timestamp() {
   std::time_t now = std::time(nullptr);
   std::tm utc{};

@@ -12,6 +12,9 @@ namespace lockstep {
 // "<job-name>-YYYYmmdd-HHMMSS-<4 hex>", unique enough for one machine.
 std::string new_run_id(const std::string& job_name);
 
+// `bytes` random bytes from the system's source, as hex.
+std::string random_hex(int bytes);
+
 // Now, as ISO 8601 in UTC: "2026-12-02T14:07:08Z".
 std::string utc_timestamp();
 

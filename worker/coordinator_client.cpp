@@ -1,5 +1,7 @@
 #include "worker/coordinator_client.h"
 
+#include <fstream>
+
 #include <grpcpp/grpcpp.h>
 
 #include "lockstep/proto/lockstep.grpc.pb.h"
@@ -51,6 +53,11 @@ CoordinatorClient::CoordinatorClient(ClientOptions options) : options_(std::move
   }
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  // gRPC's own reconnect backoff grows to 120 s: a coordinator that starts
+  // after its workers would then be noticed minutes late.
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   stub_ = std::make_unique<Stub>();
   stub_->channel = grpc::CreateCustomChannel(options_.address, credentials, arguments);
   stub_->stub = v1::Coordinator::NewStub(stub_->channel);
@@ -95,6 +102,32 @@ grpc::Status CoordinatorClient::status(v1::StatusReply* reply, std::chrono::mill
   return stub_->stub->Status(&context, v1::StatusRequest(), reply);
 }
 
+grpc::Status CoordinatorClient::put_file(const std::string& run_id, int rank,
+                                         const std::string& name, const std::string& path,
+                                         std::chrono::milliseconds deadline) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {grpc::StatusCode::NOT_FOUND, "cannot read " + path};
+  v1::FileChunk chunk;
+  chunk.set_run_id(run_id);
+  chunk.set_rank(rank);
+  chunk.set_name(name);
+  std::string buffer(256u << 10, '\0');
+  int64_t offset = 0;
+  for (;;) {
+    in.read(buffer.data(), std::streamsize(buffer.size()));
+    const auto got = in.gcount();
+    chunk.set_offset(offset);
+    chunk.set_data(buffer.data(), size_t(got));
+    chunk.set_last(in.eof());
+    grpc::ClientContext context;
+    prepare(context, options_.token, deadline);
+    v1::PutFileReply reply;
+    if (grpc::Status sent = stub_->stub->PutFile(&context, chunk, &reply); !sent.ok()) return sent;
+    offset += got;
+    if (chunk.last()) return grpc::Status::OK;
+  }
+}
+
 std::string CoordinatorClient::host() const {
   auto colon = options_.address.rfind(':');
   std::string host = colon == std::string::npos ? options_.address : options_.address.substr(0, colon);
@@ -123,7 +156,8 @@ RendezvousResult CoordinatorRendezvous::join(std::chrono::milliseconds timeout) 
   result.local_world_size = reply_.local_world_size();
   result.run_id = reply_.run_id();
   const std::string store_host = reply_.store_host().empty() ? host_ : reply_.store_host();
-  result.gloo_host = is_loopback(store_host) ? "127.0.0.1" : "";
+  result.store_host = store_host;
+  result.store_port = reply_.store_port();
   try {
     // One store serves every generation of the job: each generation's keys
     // under their own prefix, so no rank reads an address a lost one left.

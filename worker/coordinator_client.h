@@ -35,6 +35,10 @@ class CoordinatorClient {
                          std::chrono::milliseconds deadline);
   grpc::Status report(const v1::ReportRequest& request, std::chrono::milliseconds deadline);
   grpc::Status status(v1::StatusReply* reply, std::chrono::milliseconds deadline);
+  // Sends the file at `path` as `name` into the coordinator's run folder,
+  // in 256 KiB chunks, each with `deadline`.
+  grpc::Status put_file(const std::string& run_id, int rank, const std::string& name,
+                        const std::string& path, std::chrono::milliseconds deadline);
 
   // The host part of the address (where the coordinator's store lives too).
   std::string host() const;

@@ -18,6 +18,7 @@
 #include "runtime/digest.h"
 #include "runtime/errors.h"
 #include "runtime/machine.h"
+#include "runtime/network.h"
 #include "runtime/phase_timer.h"
 #include "runtime/run_folder.h"
 #include "runtime/seeding.h"
@@ -70,6 +71,32 @@ void check_injected_faults(const JobConfig& config, const ModelRegistry& registr
   }
 }
 
+// Checkpoints are written by rank 0 (model, optimizer) and by every rank
+// (its random generator) into one folder that every rank must read back on
+// a resume: without a folder all hosts share, a resume would fail steps
+// later. Rank 0 leaves a marker there and every rank looks for it; a rank
+// that does not see it stops the job now, naming the hosts.
+void check_folder_shared(ControlGroup& control, const RunFolder& folder, int rank,
+                         const std::vector<std::string>& hosts, const JobConfig& config) {
+  const std::string nonce = control.exchange("shared-marker", rank == 0 ? random_hex(8) : "")[0];
+  const std::string marker = folder.file(".shared-" + nonce);
+  if (rank == 0) write_file_atomically(marker, nonce);
+  control.barrier("shared-marker-written");
+  const auto seen = control.exchange("shared-marker-seen", std::filesystem::exists(marker) ? "1" : "0");
+  control.barrier("shared-marker-read");
+  if (rank == 0) std::filesystem::remove(marker);
+  std::string blind;
+  for (size_t r = 0; r < seen.size(); ++r)
+    if (seen[r] != "1") blind += (blind.empty() ? "" : ", ") + std::to_string(r) + " (" + hosts[r] + ")";
+  if (!blind.empty())
+    throw InputError("checkpoint.every = " + std::to_string(config.checkpoint.every) +
+                     " needs a run folder that every host shares (a resume reads rank 0's model and "
+                     "every rank's generator state from it), but rank(s) " + blind +
+                     " do not see the marker file rank 0 (" + hosts[0] + ") wrote into " +
+                     folder.path() + "; make job.run_dir a folder all hosts mount (NFS, ...), or "
+                     "set checkpoint.every = 0");
+}
+
 // Everything rank 0 writes into manifest.json; filled in as the run goes.
 struct Manifest {
   nlohmann::json body;
@@ -85,6 +112,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                 const WorkerOptions& options) {
   PhaseTimer timer;
   DecisionLog decisions;
+  for (const auto& d : config.decisions) decisions.record(d.what, d.value, d.reason);
   warn_test_switches(config, decisions);
 
   // Input checks first: nothing is created until the input is known good.
@@ -101,15 +129,18 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   spdlog::info("rank {} of {} (local rank {} of {}); rendezvous: {}", rank, world,
                place.local_rank, place.local_world_size, place.description);
   ResolvedMachine machine =
-      resolve_machine(config, place.local_rank, place.local_world_size, decisions);
+      resolve_machine(config, place.local_rank, place.local_world_size, options.cpu, decisions);
+  const GlooAddressChoice gloo = choose_gloo_addresses(
+      {config.comm.interface, options.gloo_socket_ifname, place.store_host, place.store_port});
+  decisions.record("gloo_address", gloo.value, gloo.reason);
 
   auto control = std::make_unique<ControlGroup>(
       place.store,
       CollectiveGroup::gloo(prefixed("control/", place.store), rank, world,
-                            to_ms(config.comm.barrier_timeout_s), place.gloo_host),
+                            to_ms(config.comm.barrier_timeout_s), gloo.addresses),
       to_ms(config.comm.barrier_timeout_s));
   auto data_group = CollectiveGroup::gloo(prefixed("data/", place.store), rank, world,
-                                          to_ms(config.comm.collective_timeout_s), place.gloo_host);
+                                          to_ms(config.comm.collective_timeout_s), gloo.addresses);
   decisions.record("process_groups", "data: " + machine.backend + ", control: gloo",
                    "gradients on the data group (timeout " +
                        fmt::format("{:g}", config.comm.collective_timeout_s) + " s); barriers and "
@@ -122,8 +153,9 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   const auto hosts = control->exchange("host", host_name() + " pid " + std::to_string(::getpid()));
   RunFolder folder(config.job.run_dir, run_id);
   Manifest manifest;
+  // Every rank makes the folder on its own host: hosts need not share one.
+  folder.create();
   if (rank == 0) {
-    folder.create();
     // Resuming in the same folder: the earlier manifest is kept, not
     // overwritten (a restarted generation continues the same one).
     if (!options.restarted && std::filesystem::exists(folder.file("manifest.json")))
@@ -149,6 +181,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     spdlog::info("run folder: {}", folder.path());
   }
   control->barrier("run-folder");
+  if (config.checkpoint.every > 0 || !config.checkpoint.resume.empty() || options.restarted)
+    check_folder_shared(*control, folder, rank, hosts, config);
   EventWriter events(folder.file("events-rank" + std::to_string(rank) + ".jsonl"));
   int64_t steps_done = 0;  // optimizer steps this rank finished, the resumed ones included
 

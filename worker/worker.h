@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/config.h"
+#include "runtime/machine.h"
 #include "runtime/models.h"
 #include "runtime/rendezvous.h"
 #include "runtime/run_observer.h"
@@ -22,6 +23,9 @@ struct WorkerOptions {
   // newest complete checkpoint of the run folder (step 0 if there is none).
   bool restarted = false;
   int64_t generation = 1;  // for the manifest and the events
+  // This host's own settings, read from its environment by the command front.
+  CpuBudget cpu;                   // what this process may use of the CPUs
+  std::string gloo_socket_ifname;  // GLOO_SOCKET_IFNAME ("" = unset)
 };
 
 // What a rank reports at the end.

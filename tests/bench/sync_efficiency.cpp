@@ -82,7 +82,7 @@ int rank_main(int rank, int port, int repetitions) {
   at::set_num_threads(1);
   StorePtr store = open_tcp_store("127.0.0.1", port, false, 2, std::chrono::seconds(30));
   auto group = CollectiveGroup::gloo(prefixed("data/", store), rank, 2, std::chrono::seconds(60),
-                                     "127.0.0.1");
+                                     {"127.0.0.1"});
   auto generator = at::make_generator<at::CPUGeneratorImpl>(rank + 1);
   Replica small(*group, 1.0, true, generator), large(*group, 25.0, true, generator),
       one(*group, 1.0, false, generator);

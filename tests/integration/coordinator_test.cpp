@@ -31,7 +31,12 @@ TEST(Coordinator, RunTrainsThroughTheEmbeddedCoordinatorAndStatusShowsProgress) 
     EXPECT_EQ(result.exit_code, 0) << result.output;
     auto json = nlohmann::json::parse(result.output.substr(result.output.find('{')));
     std::vector<int64_t> out;
-    for (const auto& r : json["ranks"]) out.push_back(std::stoll(r["step"].get<std::string>()));
+    // Counts are JSON numbers (README: `lockstep status --json`).
+    EXPECT_TRUE(json["generation"].is_number_integer()) << json.dump();
+    for (const auto& r : json["ranks"]) {
+      EXPECT_TRUE(r["pid"].is_number_integer()) << r.dump();
+      out.push_back(r["step"].get<int64_t>());
+    }
     return std::make_pair(json, out);
   };
   std::vector<int64_t> first;

@@ -100,6 +100,30 @@ TEST_F(ConfigTest, MalformedOverrideAndMissingFileAreErrors) {
   EXPECT_NE(error_of("[job\nsteps = 1\n").find("TOML syntax error"), std::string::npos);
 }
 
+TEST_F(ConfigTest, TheCommandLinesRunLengthReplacesTheFilesAsADecision) {
+  JobConfig c = load_job_config(write("[job]\nepochs = 5\n"), {"job.steps=300"});
+  EXPECT_EQ(c.job.steps, 300);
+  EXPECT_EQ(c.job.epochs, 0);
+  ASSERT_EQ(c.decisions.size(), 1u);
+  EXPECT_EQ(c.decisions[0].what, "run_length");
+  EXPECT_EQ(c.decisions[0].value, "300 steps");
+  EXPECT_NE(c.decisions[0].reason.find("replaces job.epochs = 5 from " + path_), std::string::npos)
+      << c.decisions[0].reason;
+  EXPECT_EQ(c.sources["job.epochs"], "cleared by --set job.steps");
+  c = load_job_config(write("[job]\nsteps = 40\n"), {"job.epochs=2"});
+  EXPECT_EQ(c.job.steps, 0);
+  EXPECT_EQ(c.job.epochs, 2);
+  // Both from one source stay an error: the file, or the command line.
+  EXPECT_NE(error_of("[job]\nsteps = 4\nepochs = 1\n").find("exactly one of"), std::string::npos);
+  EXPECT_NE(error_of("[job]\nsteps = 4\n", {"job.steps=5", "job.epochs=1"}).find("exactly one of"),
+            std::string::npos);
+  // New keys, checked like every other.
+  EXPECT_NE(error_of("[job]\nsteps = 4\nthreads_per_rank = -1\n").find("job.threads_per_rank"),
+            std::string::npos);
+  EXPECT_EQ(load_job_config(write("[job]\nsteps = 4\n[comm]\ninterface = \"eth0\"\n"), {})
+                .comm.interface, "eth0");
+}
+
 TEST_F(ConfigTest, TestSwitchRanksMustExist) {
   std::string e = error_of("[job]\nsteps = 1\nworld_size = 2\n", {"test.fail_rank=2"});
   EXPECT_NE(e.find("test.fail_rank"), std::string::npos) << e;

@@ -17,7 +17,7 @@ using std::chrono::seconds;
 std::unique_ptr<ControlGroup> make_control(const StorePtr& store, int rank, int world,
                                            milliseconds timeout) {
   return std::make_unique<ControlGroup>(
-      store, CollectiveGroup::gloo(prefixed("control/", store), rank, world, timeout, "127.0.0.1"),
+      store, CollectiveGroup::gloo(prefixed("control/", store), rank, world, timeout, {"127.0.0.1"}),
       timeout);
 }
 
@@ -29,7 +29,7 @@ TEST(ControlGroup, BarrierTimeoutIsHonouredAndNamesTheMissingRank) {
   testing::run_ranks(2, [&](int rank, StorePtr store) {
     auto control = make_control(store, rank, 2, seconds(2));
     // The data group's collective timeout is long: it must play no part.
-    auto data = CollectiveGroup::gloo(prefixed("data/", store), rank, 2, seconds(60), "127.0.0.1");
+    auto data = CollectiveGroup::gloo(prefixed("data/", store), rank, 2, seconds(60), {"127.0.0.1"});
     if (rank == 1) {  // held back: never reaches the barrier while rank 0 waits
       while (!done) std::this_thread::sleep_for(milliseconds(10));
       return;

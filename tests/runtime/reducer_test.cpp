@@ -18,7 +18,7 @@ TEST(GradientReducer, MeanOverTheGlobalCountInSeveralBuckets) {
   std::vector<int64_t> buckets(2);
   testing::run_ranks(2, [&](int rank, StorePtr store) {
     auto group = CollectiveGroup::gloo(prefixed("data/", store), rank, 2, std::chrono::seconds(30),
-                                       "127.0.0.1");
+                                       {"127.0.0.1"});
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (int i = 0; i < 4; ++i) {
       auto p = torch::zeros({300}, torch::requires_grad());
@@ -59,7 +59,7 @@ TEST(GradientReducer, OverlapStartsBucketsDuringBackwardAndMatchesThePlainPath) 
   std::vector<int64_t> early(2);
   testing::run_ranks(2, [&](int rank, StorePtr store) {
     auto group = CollectiveGroup::gloo(prefixed("data/", store), rank, 2, std::chrono::seconds(30),
-                                       "127.0.0.1");
+                                       {"127.0.0.1"});
     for (bool overlap : {true, false}) {
       // Threads share LibTorch's default generator: each rank uses its own.
       auto init = at::make_generator<at::CPUGeneratorImpl>(3);
@@ -122,7 +122,7 @@ struct TwoBranch {
 TEST(GradientReducer, GradientsAreViewsOfTheBucketsAcrossSteps) {
   testing::run_ranks(2, [&](int rank, StorePtr store) {
     auto group = CollectiveGroup::gloo(prefixed("data/", store), rank, 2, std::chrono::seconds(30),
-                                       "127.0.0.1");
+                                       {"127.0.0.1"});
     TwoBranch net;
     auto params = net.params();
     ReducerOptions options;
@@ -154,7 +154,7 @@ TEST(GradientReducer, AParameterWithoutGradientIsAnErrorOnEveryRankNotAHang) {
   std::vector<at::Tensor> allowed(2);
   testing::run_ranks(2, [&](int rank, StorePtr store) {
     auto group = CollectiveGroup::gloo(prefixed("data/", store), rank, 2, std::chrono::seconds(30),
-                                       "127.0.0.1");
+                                       {"127.0.0.1"});
     for (bool error_on_unused : {true, false}) {
       TwoBranch net;
       auto params = net.params();

@@ -18,7 +18,8 @@ extern char** environ;
 namespace lockstep::testing {
 
 LockstepProcess::LockstepProcess(const std::vector<std::string>& args, const std::string& cwd,
-                                 const std::vector<std::string>& env) {
+                                 const std::vector<std::string>& env,
+                                 const std::vector<std::string>& prefix) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   posix_spawn_file_actions_t actions;
@@ -32,14 +33,15 @@ LockstepProcess::LockstepProcess(const std::vector<std::string>& args, const std
   posix_spawnattr_setpgroup(&attributes, 0);  // its own group: killed as a whole
 
   // `env -C DIR` starts the binary in DIR without a shell.
-  std::vector<std::string> argv_strings = {"/usr/bin/env", "-C", cwd};
+  std::vector<std::string> argv_strings = prefix;
+  argv_strings.insert(argv_strings.end(), {"/usr/bin/env", "-C", cwd});
   argv_strings.insert(argv_strings.end(), env.begin(), env.end());
   argv_strings.push_back(LOCKSTEP_EXE);
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : argv_strings) argv.push_back(s.data());
   argv.push_back(nullptr);
-  int error = posix_spawn(&pid_, argv[0], &actions, &attributes, argv.data(), environ);
+  int error = posix_spawnp(&pid_, argv[0], &actions, &attributes, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attributes);
   ::close(fds[1]);
@@ -117,9 +119,10 @@ void LockstepProcess::kill_group() {
 }
 
 CommandResult run_lockstep(const std::vector<std::string>& args, const std::string& cwd,
-                           double timeout_s, const std::vector<std::string>& env) {
+                           double timeout_s, const std::vector<std::string>& env,
+                           const std::vector<std::string>& prefix) {
   const auto start = std::chrono::steady_clock::now();
-  LockstepProcess process(args, cwd, env);
+  LockstepProcess process(args, cwd, env, prefix);
   CommandResult result;
   result.exit_code = process.wait(timeout_s);
   process.kill_group();  // anything the run left behind in its group

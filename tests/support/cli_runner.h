@@ -21,8 +21,12 @@ struct CommandResult {
 class LockstepProcess {
  public:
   // `env` entries ("NAME=value") are added to this process's environment.
+  // `prefix` (a command found on PATH, with its arguments) runs the binary:
+  // `taskset -c 0`, or a namespace host's wrapper (support/net_hosts.h);
+  // it must exec it, so the pid stays the binary's.
   LockstepProcess(const std::vector<std::string>& args, const std::string& cwd,
-                  const std::vector<std::string>& env = {});
+                  const std::vector<std::string>& env = {},
+                  const std::vector<std::string>& prefix = {});
   ~LockstepProcess();
   LockstepProcess(const LockstepProcess&) = delete;
   LockstepProcess& operator=(const LockstepProcess&) = delete;
@@ -49,7 +53,8 @@ class LockstepProcess {
 
 // Runs the lockstep binary with `args` in `cwd`, at most `timeout_s`.
 CommandResult run_lockstep(const std::vector<std::string>& args, const std::string& cwd,
-                           double timeout_s = 120.0, const std::vector<std::string>& env = {});
+                           double timeout_s = 120.0, const std::vector<std::string>& env = {},
+                           const std::vector<std::string>& prefix = {});
 
 // A fresh folder under the system temp dir, removed by the caller's TempDir.
 class TempDir {

@@ -1,0 +1,308 @@
+// Multi-host training on namespace hosts (support/net_hosts.h): a
+// coordinator host and worker hosts with their own addresses, host names
+// and run folders, on one machine. Each host's host name resolves
+// differently (to its address, to 127.0.1.1, not at all), as on real lab
+// machines. Every test compares the final parameters with `lockstep run`
+// of the same job on this one host.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "integration/jobs.h"
+#include "support/cli_runner.h"
+#include "support/net_hosts.h"
+
+namespace lockstep::testing {
+namespace {
+
+const std::string kToken = "multihost-token-0123456789abcdef";
+constexpr int kPort = 29400;  // inside the namespace hosts every port is free
+
+std::vector<std::string> with_sets(std::vector<std::string> args, const std::vector<std::string>& sets) {
+  for (const auto& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  return args;
+}
+
+// The final parameter digest that `lockstep run` reaches on this host.
+std::string reference_digest(const TempDir& dir, int nproc, const std::vector<std::string>& sets) {
+  auto result = run_lockstep(with_sets(synthetic_run(dir, nproc, {}), sets), dir.path(), 150);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
+  return manifest["metrics"].value("final_param_digest", "missing");
+}
+
+// The value of decision `what` in a rank's events file ("" if absent).
+std::string decision(const std::string& events_file, const std::string& what) {
+  for (const auto& e : read_json_lines(events_file))
+    if (e.value("event", "") == "decision" && e.value("what", "") == what) return e.value("value", "");
+  return "";
+}
+
+class MultiHostTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = NetHosts::unavailable(); !why.empty()) GTEST_SKIP() << why;
+    hosts = std::make_unique<NetHosts>(dir.path());
+  }
+
+  // A folder of this host's own: hosts share no run folder unless told to.
+  std::string home(const std::string& host) {
+    const std::string path = dir.path() + "/" + host;
+    std::filesystem::create_directories(path);
+    return path;
+  }
+
+  std::string coordinator_address() const { return hosts->address(coordinator_host) + ":" + std::to_string(kPort); }
+
+  LockstepProcess& start_coordinator(const std::string& host, const std::vector<std::string>& sets,
+                                     const std::string& cwd = "") {
+    coordinator_host = host;
+    auto args = with_sets({"coordinator", examples_dir() + "/synthetic.toml", "--listen",
+                           coordinator_address(), "--set", "job.run_dir=runs"},
+                          sets);
+    processes.push_back(std::make_unique<LockstepProcess>(
+        args, cwd.empty() ? home(host) : cwd, std::vector<std::string>{"LOCKSTEP_TOKEN=" + kToken},
+        hosts->on(host)));
+    return *processes.back();
+  }
+
+  LockstepProcess& start_worker(const std::string& host, int local_rank,
+                                std::vector<std::string> env = {}, const std::string& cwd = "") {
+    env.push_back("LOCKSTEP_TOKEN=" + kToken);
+    env.push_back("LOCAL_RANK=" + std::to_string(local_rank));
+    processes.push_back(std::make_unique<LockstepProcess>(
+        std::vector<std::string>{"worker", "--coordinator", coordinator_address(),
+                                 "--rendezvous-timeout", "60"},
+        cwd.empty() ? home(host) : cwd, env, hosts->on(host)));
+    return *processes.back();
+  }
+
+  // `lockstep status --json` run on `host`; null when it fails.
+  nlohmann::json status(const std::string& host) {
+    auto result = run_lockstep({"status", "--coordinator", coordinator_address(), "--json"},
+                               home(host), 15, {"LOCKSTEP_TOKEN=" + kToken}, hosts->on(host));
+    if (result.exit_code != 0 || result.output.find('{') == std::string::npos) return nullptr;
+    return nlohmann::json::parse(result.output.substr(result.output.find('{')), nullptr, false);
+  }
+
+  int64_t least_step(const std::string& host) {
+    auto s = status(host);
+    if (s.is_null() || s.is_discarded() || s["ranks"].empty()) return -1;
+    int64_t least = INT64_MAX;
+    for (const auto& r : s["ranks"]) least = std::min(least, r["step"].get<int64_t>());
+    return least;
+  }
+
+  TempDir dir;
+  std::unique_ptr<NetHosts> hosts;  // after dir: its hosts files live there
+  std::vector<std::unique_ptr<LockstepProcess>> processes;  // killed before the hosts go
+  std::string coordinator_host;
+};
+
+const std::vector<std::string> kJob = {"job.threads_per_rank=1", "fault.heartbeat_s=0.5"};
+
+TEST_F(MultiHostTest, TwoWorkerHostsTrainLikeOneHostWithoutASharedFolder) {
+  hosts->add("coord");
+  hosts->add("debian-like", NetHosts::Names::kLoopback);      // name -> 127.0.1.1
+  hosts->add("nameless", NetHosts::Names::kUnresolvable);     // name resolves nowhere
+  auto& coordinator = start_coordinator("coord", kJob);
+  auto& w1 = start_worker("debian-like", 0);
+  auto& w2 = start_worker("nameless", 0, {"GLOO_SOCKET_IFNAME=eth0"});
+  ASSERT_EQ(coordinator.wait(150), 0) << coordinator.output() << w1.output() << w2.output();
+  EXPECT_EQ(w1.wait(30), 0) << w1.output();
+  EXPECT_EQ(w2.wait(30), 0) << w2.output();
+
+  const std::string folder = single_run(home("coord") + "/runs");
+  auto manifest = read_json(folder + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "completed") << manifest.dump(2);
+  const std::string digest = manifest["metrics"].value("final_param_digest", "missing");
+  // Every rank's events and audit evidence reached the coordinator's folder.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(std::filesystem::exists(folder + "/events-rank" + std::to_string(r) + ".jsonl"));
+    EXPECT_TRUE(std::filesystem::exists(folder + "/audit-rank" + std::to_string(r) + ".jsonl"));
+  }
+  auto audit = run_lockstep({"audit", folder}, dir.path(), 30);
+  EXPECT_EQ(audit.exit_code, 0) << audit.output;
+
+  // Gloo bound the address on the route to the store, not what the name says.
+  const std::string w1_folder = single_run(home("debian-like") + "/runs");
+  std::string w1_events;
+  for (int r = 0; r < 2; ++r)
+    if (std::filesystem::exists(w1_folder + "/events-rank" + std::to_string(r) + ".jsonl"))
+      w1_events = w1_folder + "/events-rank" + std::to_string(r) + ".jsonl";
+  ASSERT_FALSE(w1_events.empty()) << "the worker host keeps its own events in " << w1_folder;
+  EXPECT_EQ(decision(w1_events, "gloo_address"), hosts->address("debian-like"));
+  EXPECT_NE(w2.output().find("GLOO_SOCKET_IFNAME = eth0"), std::string::npos) << w2.output();
+  EXPECT_NE(w1.output().find("sent to the coordinator"), std::string::npos) << w1.output();
+
+  TempDir local;
+  EXPECT_EQ(digest, reference_digest(local, 2, kJob));
+}
+
+TEST_F(MultiHostTest, ThreeHostsFourRanksMatchOneHost) {
+  hosts->add("alpha");
+  hosts->add("beta", NetHosts::Names::kLoopback);
+  hosts->add("gamma", NetHosts::Names::kUnresolvable);
+  auto sets = kJob;
+  sets.push_back("job.world_size=4");
+  auto& coordinator = start_coordinator("alpha", sets);
+  start_worker("alpha", 0);
+  start_worker("alpha", 1);
+  start_worker("beta", 0);
+  start_worker("gamma", 0);
+  ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output();
+  for (auto& p : processes) EXPECT_EQ(p->wait(30), 0) << p->output();
+  const std::string folder = single_run(home("alpha") + "/runs");
+  auto manifest = read_json(folder + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "completed");
+  EXPECT_EQ(manifest["coordinator"]["workers"].size(), 4u);
+  auto audit = run_lockstep({"audit", folder}, dir.path(), 30);
+  EXPECT_EQ(audit.exit_code, 0) << audit.output;
+  TempDir local;
+  EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 4, kJob));
+}
+
+TEST_F(MultiHostTest, WorkersMayStartBeforeTheCoordinator) {
+  hosts->add("coord");
+  hosts->add("early1");
+  hosts->add("early2");
+  coordinator_host = "coord";
+  auto& w1 = start_worker("early1", 0);
+  auto& w2 = start_worker("early2", 0);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  ASSERT_TRUE(w1.running()) << w1.output();
+  ASSERT_TRUE(w2.running()) << w2.output();
+  EXPECT_NE(w1.output().find("waiting for the coordinator at " + coordinator_address()),
+            std::string::npos) << w1.output();
+  auto& coordinator = start_coordinator("coord", kJob);
+  EXPECT_EQ(coordinator.wait(150), 0) << coordinator.output();
+  EXPECT_EQ(w1.wait(30), 0) << w1.output();
+  EXPECT_EQ(w2.wait(30), 0) << w2.output();
+}
+
+TEST_F(MultiHostTest, ACutWorkerIsReplacedFromTheCheckpointsOfASharedFolder) {
+  hosts->add("coord");
+  hosts->add("w1");
+  hosts->add("w2");
+  hosts->add("spare");
+  // Checkpoints need a folder every host sees: here one folder for all.
+  const std::string shared = home("shared");
+  auto sets = kJob;
+  sets.insert(sets.end(), {"job.steps=400", "checkpoint.every=20", "fault.max_restarts=1",
+                           "fault.heartbeat_timeout_s=3", "comm.collective_timeout_s=5",
+                           "comm.barrier_timeout_s=10", "audit.every=20"});
+  auto& coordinator = start_coordinator("coord", sets, shared);
+  start_worker("w1", 0, {}, shared);
+  auto& lost = start_worker("w2", 0, {}, shared);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (least_step("coord") < 60 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_GE(least_step("coord"), 60) << coordinator.output();
+
+  const auto cut_at = std::chrono::steady_clock::now();
+  hosts->cut("w2");
+  ASSERT_TRUE(coordinator.wait_for_output("Decision: restart = generation 2", 20)) << coordinator.output();
+  const double noticed = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
+  EXPECT_LE(noticed, 3.0 + 2.0) << "fault.heartbeat_timeout_s = 3";
+  start_worker("spare", 0, {}, shared);  // the cluster's supervisor, by hand
+  ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output();
+  EXPECT_NE(lost.wait(30), 0) << "the cut-off worker ends by itself: " << lost.output();
+
+  auto manifest = read_json(single_run(shared + "/runs") + "/manifest.json");
+  EXPECT_EQ(manifest["restart_count"], 1);
+  TempDir local;
+  EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 2, sets));
+}
+
+TEST_F(MultiHostTest, WorkersEndWhenTheCoordinatorHostIsCutOff) {
+  hosts->add("coord");
+  hosts->add("w1");
+  hosts->add("w2");
+  auto sets = kJob;
+  sets.insert(sets.end(), {"job.steps=100000", "fault.heartbeat_timeout_s=3"});
+  start_coordinator("coord", sets);
+  auto& w1 = start_worker("w1", 0);
+  auto& w2 = start_worker("w2", 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (least_step("coord") < 5 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_GE(least_step("coord"), 5);
+  hosts->cut("coord");
+  const auto cut_at = std::chrono::steady_clock::now();
+  EXPECT_NE(w1.wait(3 + 5), -1) << "still running 8 s after the cut: " << w1.output();
+  EXPECT_NE(w2.wait(1), -1) << w2.output();
+  const double ended = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
+  EXPECT_LE(ended, 3.0 + 5.0);
+  EXPECT_NE(w1.output().find("coordinator"), std::string::npos) << w1.output();
+}
+
+TEST_F(MultiHostTest, AnInterfaceOrAddressNotOnTheHostIsBadInput) {
+  hosts->add("coord");
+  hosts->add("w1");
+  for (const std::string& wrong : {"nosuch0", "10.99.99.99"}) {
+    auto sets = kJob;
+    sets.push_back("comm.interface=" + wrong);
+    sets.push_back("job.world_size=1");
+    TempDir run_dir;
+    auto& coordinator = start_coordinator("coord", sets, run_dir.path());
+    auto& worker = start_worker("w1", 0, {}, run_dir.path());
+    EXPECT_EQ(worker.wait(60), 2) << worker.output();
+    EXPECT_NE(worker.output().find("'" + wrong + "', which is neither an interface nor an address"),
+              std::string::npos) << worker.output();
+    EXPECT_NE(worker.output().find("eth0 (" + hosts->address("w1") + ")"), std::string::npos)
+        << "the error lists the host's interfaces: " << worker.output();
+    EXPECT_NE(coordinator.wait(30), -1);
+  }
+}
+
+// Without namespaces: the CPU limits a worker derives its threads from.
+TEST(WorkerThreads, TasksetAndOmpNumThreadsLimitTheDerivedThreads) {
+  for (const auto& [prefix, env] :
+       {std::pair{std::vector<std::string>{"taskset", "-c", "0"}, std::vector<std::string>{}},
+        std::pair{std::vector<std::string>{}, std::vector<std::string>{"OMP_NUM_THREADS=1"}}}) {
+    TempDir dir;
+    auto result = run_lockstep(synthetic_run(dir, 1, {"job.steps=2"}), dir.path(), 120, env, prefix);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    const std::string events = single_run(dir.path() + "/runs") + "/events-rank0.jsonl";
+    EXPECT_EQ(decision(events, "intra_op_threads"), "1") << result.output;
+  }
+}
+
+TEST(Rendezvous, AnUnreachableCoordinatorFailsAfterTheRendezvousTimeoutNamingIt) {
+  TempDir dir;
+  // A port nobody listens on: bound, read back, closed.
+  const int port = [] {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t n = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+    ::close(fd);
+    return int(ntohs(a.sin_port));
+  }();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto result = run_lockstep({"worker", "--coordinator", address, "--rendezvous-timeout", "2"},
+                             dir.path(), 30, {"LOCKSTEP_TOKEN=" + kToken});
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_GE(result.seconds, 2.0);
+  EXPECT_LE(result.seconds, 15.0);
+  EXPECT_NE(result.output.find("the coordinator at " + address + " could not be reached for 2 s"),
+            std::string::npos) << result.output;
+}
+
+}  // namespace
+}  // namespace lockstep::testing
