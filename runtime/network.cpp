@@ -11,6 +11,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "runtime/config.h"
 #include "runtime/errors.h"
 
 namespace lockstep {
@@ -28,17 +29,6 @@ std::string numeric(const sockaddr* address) {
 
 bool is_loopback_address(const std::string& address) {
   return address.rfind("127.", 0) == 0 || address == "::1";
-}
-
-// "eth0, lo" -> {"eth0", "lo"}
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> items;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    const auto first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
-    if (first != std::string::npos) items.push_back(item.substr(first, last - first + 1));
-  }
-  return items;
 }
 
 struct Resolved {
@@ -150,7 +140,7 @@ GlooAddressChoice choose_gloo_addresses(const GlooAddressRequest& request) {
     where = "comm.interface";
   }
   if (!setting.empty()) {
-    const auto items = split_list(setting);
+    const auto items = split_names(setting);
     if (items.empty()) throw InputError(where + " = '" + setting + "' names no interface");
     std::string named;
     for (const auto& item : items) {

@@ -4,11 +4,6 @@
 // differently (to its address, to 127.0.1.1, not at all), as on real lab
 // machines. Every test compares the final parameters with `lockstep run`
 // of the same job on this one host.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -282,18 +277,7 @@ TEST(WorkerThreads, TasksetAndOmpNumThreadsLimitTheDerivedThreads) {
 
 TEST(Rendezvous, AnUnreachableCoordinatorFailsAfterTheRendezvousTimeoutNamingIt) {
   TempDir dir;
-  // A port nobody listens on: bound, read back, closed.
-  const int port = [] {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    socklen_t n = sizeof a;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-    ::close(fd);
-    return int(ntohs(a.sin_port));
-  }();
+  const int port = free_port();
   const std::string address = "127.0.0.1:" + std::to_string(port);
   auto result = run_lockstep({"worker", "--coordinator", address, "--rendezvous-timeout", "2"},
                              dir.path(), 30, {"LOCKSTEP_TOKEN=" + kToken});

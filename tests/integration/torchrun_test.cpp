@@ -12,19 +12,6 @@
 namespace lockstep::testing {
 namespace {
 
-// A port nobody listens on right now (bind to port 0, read it back, close).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address);
-  socklen_t length = sizeof address;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
 TEST(Torchrun, TwoWorkersFromEnvironmentVariablesTrainToTheEnd) {
   TempDir dir;
   const std::string port = std::to_string(free_port());

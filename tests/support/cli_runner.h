@@ -67,6 +67,9 @@ class TempDir {
   std::string path_;
 };
 
+// A loopback port nobody listens on right now (bound to port 0, read back, closed).
+int free_port();
+
 // The repository's examples/ folder.
 std::string examples_dir();
 
