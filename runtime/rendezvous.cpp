@@ -30,9 +30,6 @@ int read_int(const char* name, int fallback, bool required, int min) {
 
 }  // namespace
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1" || host == "[::1]";
-}
 
 std::string host_name() {
   char name[256] = {0};

@@ -22,8 +22,6 @@ struct RendezvousResult {
   std::string description;   // for the log: where the store is, who hosts it
 };
 
-// True for localhost, 127.x.y.z and ::1: Gloo then binds to 127.0.0.1.
-bool is_loopback(const std::string& host);
 // This machine's host name.
 std::string host_name();
 
