@@ -1,7 +1,12 @@
 #include "cli/commands.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 #include <filesystem>
@@ -165,18 +170,63 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   return code != 0 ? code : coordinator_code;
 }
 
+namespace {
+
+// Signals become numbers read by a thread of ours. A handler, not a
+// blocked mask and sigwait: OpenBLAS starts its threads when the library
+// loads, before main, with every signal unblocked, and a signal the kernel
+// hands to one of them would take its default action (the end of the
+// process) instead of reaching sigwait.
+int signal_pipe[2] = {-1, -1};
+
+void on_forwarded_signal(int signal_number) {
+  const int saved = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  [[maybe_unused]] ssize_t written = ::write(signal_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+void forward_signals(std::initializer_list<int> signal_numbers) {
+  if (signal_pipe[0] < 0 && ::pipe2(signal_pipe, O_CLOEXEC) != 0)
+    throw RunError(std::string("cannot create the signal pipe: ") + std::strerror(errno));
+  struct sigaction action {};
+  action.sa_handler = on_forwarded_signal;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  for (int s : signal_numbers) ::sigaction(s, &action, nullptr);
+}
+
+// Blocks until a forwarded signal arrives; returns its number (0: the pipe closed).
+int next_signal() {
+  unsigned char byte = 0;
+  for (;;) {
+    const ssize_t got = ::read(signal_pipe[0], &byte, 1);
+    if (got == 1) return byte;
+    if (got < 0 && errno == EINTR) continue;
+    return 0;
+  }
+}
+
+}  // namespace
+
 int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,
-                        const std::string& listen, const std::string& token_file,
-                        const std::string& tls_cert, const std::string& tls_key,
-                        const std::string& resume_dir, const std::string& run_id) {
+                        const ServeFlags& serve) {
+  // SIGINT/SIGTERM end the job cleanly (workers are told to abort); SIGUSR1
+  // stops it after a step every rank agrees on, with a checkpoint there.
+  forward_signals({SIGINT, SIGTERM, SIGUSR1});
+
   std::vector<std::string> passed_on = overrides;
-  const std::string resumed_id = resumed_run_id(resume_dir, passed_on);
+  const std::string resumed_id = resumed_run_id(serve.resume_dir, passed_on);
+  const std::string& tls_cert = serve.tls_cert;
+  const std::string& tls_key = serve.tls_key;
+  const std::string& run_id = serve.run_id;
   JobConfig config = checked_job(job_file, passed_on);
   if (tls_cert.empty() != tls_key.empty())
     throw InputError("--tls-cert and --tls-key go together: give both, or neither for plaintext");
   CoordinatorOptions options;
-  options.listen = listen;
-  options.token = resolve_token(token_file);
+  options.listen = serve.listen;
+  options.store_port = serve.store_port;
+  options.token = resolve_token(serve.token_file);
   options.tls_cert_file = tls_cert;
   options.tls_key_file = tls_key;
   options.run_dir = config.job.run_dir;
@@ -185,28 +235,26 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
     read_secret_file(tls_key, "--tls-key");
   }
 
-  // SIGINT/SIGTERM end the job cleanly: workers are told to abort.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
   if (!run_id.empty() && (run_id.find_first_of("/\\") != std::string::npos || run_id == "." ||
                           run_id == ".." || run_id.size() > 200))
     throw InputError("--run-id '" + run_id + "': a folder name is needed (no '/', at most 200 characters)");
   const std::string id = !resumed_id.empty() ? resumed_id : !run_id.empty() ? run_id : new_run_id(config.job.name);
   CoordinatorServer coordinator(options, job_options(config, id));
   coordinator.start();
-  std::thread([&coordinator, signals] {
-    int received = 0;
-    if (sigwait(&signals, &received) == 0)
-      coordinator.abort("the coordinator received signal " + std::to_string(received));
+  std::thread([&coordinator] {
+    for (int received; (received = next_signal()) > 0;) {
+      if (received == SIGUSR1) coordinator.stop("the coordinator received SIGUSR1");
+      else coordinator.abort("the coordinator received signal " + std::to_string(received) +
+                             " (" + strsignal(received) + ")");
+    }
   }).detach();
   return coordinator.wait();
 }
 
 namespace {
+
+std::atomic<bool> usr1_received{false};  // lock-free: safe to set in a signal handler
+static_assert(std::atomic<bool>::is_always_lock_free);
 
 // Join, retried with backoff while the coordinator cannot be reached (it
 // may start after its workers, as srun and Kubernetes start processes in
@@ -266,9 +314,12 @@ void send_run_files(CoordinatorClient& client, const v1::JoinReply& reply, const
 
 // One generation of a coordinated worker: joins, trains, reports. Returns
 // the generation when the coordinator ended it and the job restarts (the
-// caller joins again from this process), 0 when this rank finished.
+// caller joins again from this process), 0 when this rank finished (or
+// stopped on request: it did what it was asked, so that srun
+// --kill-on-bad-exit leaves its peers alone; the job's status, stopped, is
+// the coordinator's exit code).
 int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& connection,
-                        int64_t previous_generation, std::chrono::steady_clock::time_point start) {
+                           int64_t previous_generation, std::chrono::steady_clock::time_point start) {
   v1::JoinRequest request;
   request.set_api_version("lockstep.v1");
   request.set_hostname(host_name());
@@ -303,7 +354,7 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
   HeartbeatLoop heartbeat(client, {reply.run_id(), reply.rank(), reply.generation(),
                                    to_ms(config.fault.heartbeat_s),
                                    to_ms(config.fault.heartbeat_timeout_s),
-                                   to_ms(config.comm.collective_timeout_s + 10)});
+                                   to_ms(config.comm.collective_timeout_s + 10), &usr1_received});
   CoordinatorRendezvous rendezvous(reply, client.host());
   WorkerOptions options;
   options.process_start = start;
@@ -323,6 +374,7 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
     heartbeat.stop();
     send_run_files(client, reply, config, milliseconds(30000));
     report.set_success(true);
+    report.set_stopped_at_step(summary.metrics.value("stopped_at_step", int64_t(0)));
     report.set_metrics_json(summary.metrics.dump());
     report.set_decisions_json(summary.decisions.dump());
   } catch (const GenerationEnded& e) {
@@ -367,6 +419,13 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
                      "and --set");
   CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
                             connection.tls_ca});
+  // SIGUSR1 (Slurm's --signal=USR1@T, sent to the tasks): every rank stops
+  // after a step they agree on, with a checkpoint there.
+  struct sigaction action {};
+  action.sa_handler = [](int) { usr1_received = true; };
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGUSR1, &action, nullptr);
   // Generation after generation while the coordinator restarts the job.
   for (int64_t previous = 0;;) {
     previous = run_one_generation(client, connection, previous, start);
@@ -434,6 +493,13 @@ nlohmann::json status_json(const v1::StatusReply& reply) {
 int status_command(const ConnectionFlags& connection, bool json) {
   CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
                             connection.tls_ca});
+  // SIGUSR1 (Slurm's --signal=USR1@T, sent to the tasks): every rank stops
+  // after a step they agree on, with a checkpoint there.
+  struct sigaction action {};
+  action.sa_handler = [](int) { usr1_received = true; };
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGUSR1, &action, nullptr);
   v1::StatusReply reply;
   grpc::Status status = client.status(&reply, milliseconds(5000));
   if (!status.ok())

@@ -1,6 +1,7 @@
 #pragma once
 // The subcommands of `lockstep`, each returning its exit code
-// (0 success, 1 failed run, 2 bad input). Errors are thrown as InputError /
+// (0 success, 1 failed run, 2 bad input; the coordinator's 75: stopped on
+// request, kExitStopped in coordinator/coordinator.h). Errors are thrown as InputError /
 // RunError and turned into codes by main.
 #include <chrono>
 #include <string>
@@ -15,12 +16,19 @@ struct ConnectionFlags {
   double rendezvous_timeout_s = 120;  // worker: how long to wait for an unreachable coordinator
 };
 
+struct ServeFlags {  // lockstep coordinator
+  std::string listen = "127.0.0.1:50051";  // HOST:PORT
+  int store_port = 0;                      // the rendezvous store's; 0: any free one
+  std::string token_file;                  // else LOCKSTEP_TOKEN
+  std::string tls_cert, tls_key;           // both, or neither for plaintext
+  std::string resume_dir;
+  std::string run_id;  // the run folder's name; "" for a new one
+};
+
 int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc,
                 const std::string& resume_dir);
 int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,
-                        const std::string& listen, const std::string& token_file,
-                        const std::string& tls_cert, const std::string& tls_key,
-                        const std::string& resume_dir, const std::string& run_id);
+                        const ServeFlags& serve);
 int worker_command(const std::string& job_file, const std::vector<std::string>& overrides,
                    const ConnectionFlags& connection, std::chrono::steady_clock::time_point start);
 int status_command(const ConnectionFlags& connection, bool json);

@@ -14,7 +14,8 @@ int main(int argc, char** argv) {
 
   CLI::App app{"lockstep " LOCKSTEP_VERSION ": data-parallel training that never fails silently"};
   app.require_subcommand(1);
-  std::string job_file, listen = "127.0.0.1:50051", token_file, tls_cert, tls_key, resume_dir, run_id;
+  std::string job_file, resume_dir;
+  ServeFlags serve;
   std::vector<std::string> overrides;
   ConnectionFlags connection;
   int nproc = 0;
@@ -40,15 +41,19 @@ int main(int argc, char** argv) {
 
   auto* coordinator = app.add_subcommand("coordinator", "serve one job to workers that join");
   coordinator->add_option("job", job_file, "job file (TOML)")->required();
-  coordinator->add_option("--listen", listen, "HOST:PORT to listen on (port 0: any free port)");
+  coordinator->add_option("--listen", serve.listen, "HOST:PORT to listen on (port 0: any free port)");
   coordinator->add_option("--set", overrides, "override a job key: --set optim.lr=0.1");
-  coordinator->add_option("--token-file", token_file,
+  coordinator->add_option("--token-file", serve.token_file,
                           "file holding the job token (else LOCKSTEP_TOKEN)");
-  coordinator->add_option("--tls-cert", tls_cert, "PEM certificate: serve TLS");
-  coordinator->add_option("--tls-key", tls_key, "PEM private key of --tls-cert");
-  coordinator->add_option("--resume", resume_dir,
+  coordinator->add_option("--tls-cert", serve.tls_cert, "PEM certificate: serve TLS");
+  coordinator->add_option("--tls-key", serve.tls_key, "PEM private key of --tls-cert");
+  coordinator->add_option("--resume", serve.resume_dir,
                           "continue the run in RUN_DIR from its newest valid checkpoint");
-  coordinator->add_option("--run-id", run_id,
+  coordinator->add_option("--store-port", serve.store_port,
+                          "the rendezvous store's port on the --listen host (default 0: any free "
+                          "one; fix it where a firewall or a Kubernetes Service lists ports)")
+      ->check(CLI::Range(0, 65535));
+  coordinator->add_option("--run-id", serve.run_id,
                           "the run's id (its folder's name) instead of a new one, e.g. "
                           "slurm-$SLURM_JOB_ID so that a requeued job finds its folder")
       ->excludes("--resume");
@@ -94,8 +99,7 @@ int main(int argc, char** argv) {
   try {
     if (run->parsed()) return run_command(job_file, overrides, nproc, resume_dir);
     if (coordinator->parsed())
-      return coordinator_command(job_file, overrides, listen, token_file, tls_cert, tls_key,
-                                 resume_dir, run_id);
+      return coordinator_command(job_file, overrides, serve);
     if (status->parsed()) return status_command(connection, json);
     if (audit->parsed()) return audit_command(run_dir, json);
     if (probe->parsed()) return probe_command(candidate, force, json);

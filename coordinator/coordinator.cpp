@@ -187,13 +187,21 @@ CoordinatorServer::~CoordinatorServer() {
 
 void CoordinatorServer::start() {
   c10d::TCPStoreOptions store_options;
-  store_options.port = 0;
+  store_options.port = static_cast<std::uint16_t>(options_.store_port);
   store_options.isServer = true;
   store_options.numWorkers = static_cast<std::size_t>(job_.world_size);
   store_options.waitWorkers = false;
   store_options.timeout = job_.rendezvous_timeout;
   auto host = options_.listen.substr(0, options_.listen.rfind(':'));
-  auto store = c10::make_intrusive<c10d::TCPStore>(host.empty() ? "0.0.0.0" : host, store_options);
+  const std::string store_host = host.empty() ? "0.0.0.0" : host;
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(store_host, store_options);
+  } catch (const c10::Error& e) {  // what() would add LibTorch's backtrace
+    throw RunError("coordinator: cannot open the job's rendezvous store on " + store_host + ":" +
+                   std::to_string(options_.store_port) + " (" + e.what_without_backtrace() +
+                   "); choose a free port with --store-port, or 0 for any free one");
+  }
   job_.store_port = store->getPort();
   store_ = std::shared_ptr<void>(new c10::intrusive_ptr<c10d::TCPStore>(store), [](void* p) {
     delete static_cast<c10::intrusive_ptr<c10d::TCPStore>*>(p);
@@ -246,7 +254,8 @@ int CoordinatorServer::wait(std::chrono::milliseconds tell_grace) {
   while (!state_->wait_until_ended(std::chrono::milliseconds(500))) {
   }
   const bool completed = state_->state() == JobState::State::kCompleted;
-  if (!completed) {
+  const bool stopped = state_->state() == JobState::State::kStopped;
+  if (!completed && !stopped) {
     // Live ranks learn of the failure from their next heartbeat: give them
     // a few heartbeat periods to hear it before the server goes away.
     state_->wait_until_told(tell_grace);
@@ -258,6 +267,12 @@ int CoordinatorServer::wait(std::chrono::milliseconds tell_grace) {
   if (completed) {
     spdlog::info("coordinator: run {} completed", job_.run_id);
     return 0;
+  }
+  if (stopped) {
+    spdlog::warn("coordinator: run {} stopped after step {}: resume it with --resume {}",
+                 job_.run_id, state_->stopped_at_step(),
+                 options_.run_dir.empty() ? job_.run_id : RunFolder(options_.run_dir, job_.run_id).path());
+    return kExitStopped;
   }
   spdlog::error("coordinator: run {} failed: {}", job_.run_id, state_->failure());
   return 1;
@@ -288,6 +303,11 @@ void CoordinatorServer::write_manifest() const {
                    "first step), {} steps redone", r["generation"].get<int64_t>(),
                    r["reason"].get<std::string>(), r.value("recovery_s", -1.0),
                    r.value("steps_redone", int64_t(-1)));
+  }
+  if (state_->state() == JobState::State::kStopped) {
+    manifest["status"] = "stopped";
+    manifest["stopped_at_step"] = state_->stopped_at_step();
+    manifest["stop_reason"] = manifest["coordinator"]["stop_reason"];
   }
   if (state_->state() == JobState::State::kFailed) {
     manifest["status"] = "failed";

@@ -17,8 +17,13 @@ class Server;
 
 namespace lockstep {
 
+// The exit status of a job stopped on request, to be resumed (sysexits'
+// EX_TEMPFAIL: "try again later").
+constexpr int kExitStopped = 75;
+
 struct CoordinatorOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
+  int store_port = 0;                  // the rendezvous store's port on the same host; 0: a free one
   std::string token;                   // required in every call's "lockstep-token" header
   std::string tls_cert_file;           // PEM; with tls_key_file, serve TLS
   std::string tls_key_file;
@@ -40,10 +45,14 @@ class CoordinatorServer {
 
   // Blocks until the job ends; after a failure gives live ranks up to
   // `tell_grace` to hear ABORT from their next heartbeat; writes the
-  // manifest and stops serving. Returns 0 (completed) or 1 (failed).
+  // manifest and stops serving. Returns 0 (completed), 1 (failed) or
+  // kExitStopped.
   int wait(std::chrono::milliseconds tell_grace = std::chrono::milliseconds(5000));
   // Fails the job (for signals); wait() then returns 1.
   void abort(const std::string& reason) { state_->fail(reason); }
+  // Stops the job after a step every rank agrees on, with a checkpoint
+  // there (JobState::request_stop); wait() then returns kExitStopped.
+  void stop(const std::string& reason) { state_->request_stop(reason); }
 
  private:
   class Service;

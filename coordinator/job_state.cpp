@@ -36,6 +36,7 @@ const char* JobState::state_name(State state) {
     case State::kRunning: return "running";
     case State::kCompleted: return "completed";
     case State::kFailed: return "failed";
+    case State::kStopped: return "stopped";
   }
   return "?";
 }
@@ -119,7 +120,7 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
       changed_.wait_until(lock, give_up, [&] { return state_ != State::kRunning; });
     }
   }
-  if (state_ == State::kCompleted || state_ == State::kFailed)
+  if (ended_locked())
     return {grpc::StatusCode::ABORTED, "job " + options_.run_id + " has ended (" +
                                            state_name(state_) + "): nothing to join"};
   if (state_ != State::kWaiting || int(workers_.size()) >= options_.world_size)
@@ -197,6 +198,8 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
     }
   }
   if (state_ == State::kFailed) return {grpc::StatusCode::ABORTED, failure_};
+  if (state_ == State::kStopped)
+    return {grpc::StatusCode::ABORTED, "the job stopped before it started (" + stop_reason_ + ")"};
   if (mine == workers_.end() || generation_ != joined_generation)
     return {grpc::StatusCode::ABORTED, "generation " + std::to_string(joined_generation) +
                                            " ended before it started; join again"};
@@ -266,6 +269,9 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
     reply->set_reason(failure_);
     w->told_to_abort = true;
     changed_.notify_all();
+  } else if (!stop_reason_.empty()) {
+    reply->set_command(v1::HeartbeatReply::STOP);
+    reply->set_reason(stop_reason_);
   } else {
     reply->set_command(v1::HeartbeatReply::CONTINUE);
   }
@@ -281,7 +287,13 @@ grpc::Status JobState::report(const v1::ReportRequest& request) {
   if (!w) return error;
   w->metrics = nlohmann::json::parse(request.metrics_json().empty() ? "{}" : request.metrics_json(),
                                      nullptr, false);
-  if (request.success()) {
+  if (request.success() && request.stopped_at_step() > 0) {
+    if (stop_reason_.empty())  // the ranks agreed among themselves
+      stop_reason_ = "a rank asked (SIGUSR1 to a worker)";
+    w->state = "stopped";
+    w->step = request.stopped_at_step();
+    spdlog::info("coordinator: rank {} stopped after step {}", w->rank, w->step);
+  } else if (request.success()) {
     w->state = "finished";
     spdlog::info("coordinator: rank {} finished", w->rank);
   } else {
@@ -292,10 +304,21 @@ grpc::Status JobState::report(const v1::ReportRequest& request) {
       fail_locked("rank " + std::to_string(w->rank) + " (" + w->host + ") failed at step " +
                   std::to_string(w->step) + ": " + w->error);
   }
-  if (state_ == State::kRunning &&
-      std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) { return x.state == "finished"; })) {
-    state_ = State::kCompleted;
-    spdlog::info("coordinator: every rank finished: run {} completed", options_.run_id);
+  const bool all_reported = std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) {
+    return x.state == "finished" || x.state == "stopped";
+  });
+  if (state_ == State::kRunning && all_reported) {
+    const auto stopped = std::find_if(workers_.begin(), workers_.end(),
+                                      [](const Worker& x) { return x.state == "stopped"; });
+    if (stopped == workers_.end()) {
+      state_ = State::kCompleted;
+      spdlog::info("coordinator: every rank finished: run {} completed", options_.run_id);
+    } else {
+      state_ = State::kStopped;
+      stopped_at_step_ = stopped->step;
+      spdlog::warn("coordinator: every rank stopped after step {} ({}): run {} stopped, to be "
+                   "resumed with --resume", stopped_at_step_, stop_reason_, options_.run_id);
+    }
   }
   changed_.notify_all();
   return grpc::Status::OK;
@@ -321,8 +344,31 @@ void JobState::record_audits_locked(const v1::HeartbeatRequest& request) {
   }
 }
 
+bool JobState::ended_locked() const {
+  return state_ == State::kCompleted || state_ == State::kFailed || state_ == State::kStopped;
+}
+
+void JobState::request_stop(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (ended_locked() || !stop_reason_.empty()) return;
+  stop_reason_ = reason;
+  if (state_ == State::kWaiting) {
+    state_ = State::kStopped;
+    spdlog::warn("Decision: stop = now ({}; no rank trained yet: nothing to checkpoint)", reason);
+  } else {
+    spdlog::warn("Decision: stop = after a step every rank agrees on, with a checkpoint there "
+                 "({}; the ranks hear it with their next heartbeat)", reason);
+  }
+  changed_.notify_all();
+}
+
+int64_t JobState::stopped_at_step() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stopped_at_step_;
+}
+
 void JobState::fail_locked(const std::string& reason) {
-  if (state_ == State::kFailed || state_ == State::kCompleted) return;
+  if (ended_locked()) return;
   state_ = State::kFailed;
   failure_ = reason;
   spdlog::error("coordinator: job failed: {}", reason);
@@ -335,7 +381,7 @@ void JobState::fail(const std::string& reason) {
 }
 
 void JobState::restart_or_fail_locked(const std::string& reason, int dead_rank) {
-  if (state_ == State::kFailed || state_ == State::kCompleted) return;
+  if (ended_locked()) return;
   if (int(restarts_.size()) >= options_.max_restarts) {
     fail_locked(options_.max_restarts == 0
                     ? reason
@@ -376,7 +422,7 @@ void JobState::restart_or_fail_locked(const std::string& reason, int dead_rank) 
 
 bool JobState::process_ended(int pid, const std::string& what, bool bad_input) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (state_ == State::kFailed || state_ == State::kCompleted) return false;
+  if (ended_locked()) return false;
   auto w = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& x) { return x.pid == pid; });
   std::string reason;
   int rank = -1;
@@ -436,7 +482,7 @@ void JobState::check_liveness() {
 bool JobState::wait_until_ended(std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mutex_);
   return changed_.wait_for(lock, timeout, [&] {
-    return state_ == State::kCompleted || state_ == State::kFailed;
+    return ended_locked();
   });
 }
 
@@ -513,7 +559,8 @@ nlohmann::json JobState::to_json() const {
   return {{"state", state_name(state_)}, {"failure", failure_}, {"generation", generation_},
           {"world_size", options_.world_size}, {"workers", workers_json_locked()},
           {"restarts", restarts_}, {"max_restarts", options_.max_restarts},
-          {"earlier_generations", earlier_generations_}};
+          {"earlier_generations", earlier_generations_}, {"stop_reason", stop_reason_},
+          {"stopped_at_step", stopped_at_step_}};
 }
 
 }  // namespace lockstep

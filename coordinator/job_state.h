@@ -61,7 +61,9 @@ struct JobStateOptions {
 class JobState {
  public:
   using Clock = std::chrono::steady_clock;
-  enum class State { kWaiting, kRunning, kCompleted, kFailed };
+  // kStopped: every rank stopped on request (request_stop) after the same
+  // step; the job is to be resumed, not over.
+  enum class State { kWaiting, kRunning, kCompleted, kFailed, kStopped };
 
   explicit JobState(JobStateOptions options);
 
@@ -80,13 +82,20 @@ class JobState {
   void check_liveness();
   // Fails the job from outside (a signal to the coordinator, say).
   void fail(const std::string& reason);
+  // Asks every rank to stop after a step they agree on, with a checkpoint
+  // there (Slurm's USR1 before the time limit); the job ends stopped.
+  // Before training started the job just ends stopped; after it ended,
+  // nothing happens.
+  void request_stop(const std::string& reason);
+  // The step the ranks stopped after (kStopped), else 0.
+  int64_t stopped_at_step() const;
   // A launcher saw worker process `pid` end unsuccessfully (`what`: "was
   // killed by signal 9", ...; `bad_input`: it exited with status 2). Returns
   // true when the job goes on and wants a replacement process, false when
   // the job failed (or had already ended).
   bool process_ended(int pid, const std::string& what, bool bad_input);
 
-  // Waits until the job has ended (completed or failed), at most `timeout`.
+  // Waits until the job has ended (completed, failed or stopped), at most `timeout`.
   bool wait_until_ended(std::chrono::milliseconds timeout) const;
   // After a failure: waits until every live rank was told to abort or has
   // reported, at most `timeout`.
@@ -109,7 +118,7 @@ class JobState {
     int rank = -1;
     int local_world_size = 1;
     int local_index = 0;
-    std::string state = "joined";  // joined | running | finished | failed | dead
+    std::string state = "joined";  // joined | running | finished | stopped | failed | dead
     Clock::time_point last_heartbeat{};
     bool heartbeat_seen = false;
     int heartbeats = 0;
@@ -126,6 +135,7 @@ class JobState {
     int64_t previous_generation = 0;  // the generation this process came back from (0: new)
   };
 
+  bool ended_locked() const;  // completed, failed or stopped
   void assign_ranks_locked();
   void fail_locked(const std::string& reason);
   // A worker is lost: a new generation while fault.max_restarts allows,
@@ -147,6 +157,8 @@ class JobState {
   State state_ = State::kWaiting;       // guarded by mutex_
   std::vector<Worker> workers_;         // guarded by mutex_; index = join order
   std::string failure_;                 // guarded by mutex_
+  std::string stop_reason_;             // guarded by mutex_; "" while no stop was asked for
+  int64_t stopped_at_step_ = 0;         // guarded by mutex_
   int64_t generation_;                  // guarded by mutex_; forming or running
   Clock::time_point waiting_since_;     // guarded by mutex_; this rendezvous began
   nlohmann::json restarts_ = nlohmann::json::array();   // guarded by mutex_

@@ -104,6 +104,8 @@ void GradientReducer::start_step(bool zero_gradients) {
   io_.clear();
   bind_gradients(/*keep_values=*/!zero_gradients);
   tail_slot(kRanksMissingGradients).fill_(0.0);
+  tail_slot(kRanksAskingToStop).fill_(0.0);
+  stop_agreed_ = false;
   next_launch_ = 0;
   launched_early_ = 0;
   collectives_ = 0;
@@ -117,6 +119,7 @@ void GradientReducer::begin_microbatch(int64_t micro, int64_t count, double loca
   for (auto& bucket : buckets_) bucket.waiting = int64_t(bucket.members.size());
   last_microbatch_ = micro + 1 == count;
   tail_slot(kValidCount).fill_(local_count);
+  if (asking_to_stop_) tail_slot(kRanksAskingToStop).fill_(1.0);
 }
 
 void GradientReducer::on_gradient(size_t index) {
@@ -178,6 +181,8 @@ double GradientReducer::finish() {
   }
   const double global_count = tail_slot(kValidCount).item<double>();
   const auto ranks_missing = int64_t(tail_slot(kRanksMissingGradients).item<double>());
+  stop_agreed_ = tail_slot(kRanksAskingToStop).item<double>() > 0.5;
+  asking_to_stop_ = false;
 
   if (!late_gradient_.empty())
     throw RunError("the gradient of " + late_gradient_ + " was accumulated after its bucket's " +

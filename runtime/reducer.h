@@ -75,6 +75,14 @@ class GradientReducer {
   // benchmarks): takes them as they are, then finish().
   double allreduce_mean(double local_count);
 
+  // This rank asks that the run stop after the current step. Call it
+  // before the step's last backward (its flag travels with the last
+  // bucket); after finish(), stop_agreed() is true on every rank if any
+  // rank asked in this step, false on every rank otherwise: one answer,
+  // with no collective of its own.
+  void ask_to_stop() { asking_to_stop_ = true; }
+  bool stop_agreed() const { return stop_agreed_; }
+
   // Non-finite values among the gradients finish() produced (one pass over
   // the flat buckets; an exact count only when there are some).
   int64_t nonfinite_count() const;
@@ -108,7 +116,12 @@ class GradientReducer {
     int64_t offset = 0;  // in gradients_ / parameters_
   };
   // Slots after the last gradient of the last bucket, summed over ranks.
-  enum TailSlot : int64_t { kValidCount = 0, kRanksMissingGradients = 1, kTailSlots = 2 };
+  enum TailSlot : int64_t {
+    kValidCount = 0,
+    kRanksMissingGradients = 1,
+    kRanksAskingToStop = 2,
+    kTailSlots = 3
+  };
 
   at::Tensor slot_of(size_t index) const;
   void start_step(bool zero_gradients);
@@ -120,6 +133,8 @@ class GradientReducer {
   std::string missing_gradients() const;
 
   std::vector<std::pair<std::string, at::Tensor>> params_;
+  bool asking_to_stop_ = false;
+  bool stop_agreed_ = false;
   CollectiveGroup& group_;
   ReducerOptions options_;
   std::vector<Bucket> buckets_;

@@ -107,7 +107,8 @@ nlohmann::json TrainingResult::to_json() const {
           {"allreduce_hidden_share", allreduce_hidden_share},
           {"shared_gradient_storage", shared_gradients},
           {"scaler", scaler},
-          {"overflows", overflows}};
+          {"overflows", overflows},
+          {"stopped_at_step", stopped_at_step}};
 }
 
 int64_t total_steps(const JobConfig& config, int64_t batches_per_epoch) {
@@ -245,8 +246,11 @@ TrainingResult train(TrainerParts parts) {
                    "checkpoints");
 
   // A checkpoint after step `done` when one is due (skipped steps included).
+  // A stop that every rank agreed on (RunObserver::stop_requested) ends
+  // the run after this step, with a checkpoint there when checkpoints are on.
   auto checkpoint_after = [&](int64_t done, double lr) {
-    if (!checkpoints_on || (done % config.checkpoint.every != 0 && done != steps)) return;
+    if (!checkpoints_on) return;  // checkpoint.every may be 0
+    if (done % config.checkpoint.every != 0 && done != steps && !reducer.stop_agreed()) return;
     auto scope = timer.measure(Phase::kCheckpoint);
     nlohmann::json meta = {{"microbatches_done", microbatches_done},
                            {"epoch", last_epoch},
@@ -269,9 +273,12 @@ TrainingResult train(TrainerParts parts) {
     parts.events.write({{"event", "checkpoint"}, {"step", done}, {"folder", checkpoints.step_folder(done)}});
   };
 
-  for (int64_t step = first_step; step < steps; ++step) {
+  for (int64_t step = first_step; step < steps && !reducer.stop_agreed(); ++step) {
     throw_if_generation_ended("rank " + std::to_string(parts.rank) + " before step " +
                               std::to_string(step + 1));
+    // The ranks learn of a stop at different moments; the flag travels with
+    // this step's gradients, so all of them stop after the same step.
+    if (parts.observer && parts.observer->stop_requested()) reducer.ask_to_stop();
     const auto step_start = PhaseTimer::Clock::now();
     current_step = step;
     const double lr = optim::scheduled_lr(schedule, step);
@@ -386,12 +393,7 @@ TrainingResult train(TrainerParts parts) {
     const double mean_loss = window_loss / double(window_steps);
     if (parts.rank == 0) progress.update(step + 1, mean_loss, lr, samples_per_s);
     if (parts.steps_done) *parts.steps_done = step + 1;
-    if (parts.observer) {
-      parts.observer->on_step(step + 1, mean_loss, samples_per_s);
-      if (parts.observer->stop_requested())
-        throw RunError("rank " + std::to_string(parts.rank) + " stopped after step " +
-                       std::to_string(step + 1) + " at the coordinator's request");
-    }
+    if (parts.observer) parts.observer->on_step(step + 1, mean_loss, samples_per_s);
     if ((step + 1) % config.job.log_every == 0 || step + 1 == steps) {
       result.final_loss = mean_loss;
       parts.events.write({{"event", "step"},
@@ -416,6 +418,22 @@ TrainingResult train(TrainerParts parts) {
     }
   }
   progress.finish();
+  if (reducer.stop_agreed() && result.steps < steps) {
+    finish_audit();
+    result.stopped_at_step = result.steps;
+    const bool saved = checkpoints_on && result.last_checkpoint == result.steps;
+    parts.events.write({{"event", "stopped"}, {"step", result.steps}, {"checkpoint", saved}});
+    if (parts.rank == 0) {
+      if (saved)
+        spdlog::warn("stopped after step {} of {} on request, with a checkpoint there: resume "
+                     "the run folder with --resume", result.steps, steps);
+      else
+        spdlog::warn("stopped after step {} of {} on request, without a checkpoint "
+                     "(checkpoint.every = 0): a resumed run starts again from its newest "
+                     "checkpoint or step 0", result.steps, steps);
+    }
+    return result;  // no final evaluation: the run is not over
+  }
   if (scaler) {
     const double share = scaler->steps_seen() > 0 ? double(scaler->skipped()) / double(scaler->steps_seen()) : 0.0;
     result.scaler = {{"skipped", scaler->skipped()}, {"steps", scaler->steps_seen()},

@@ -62,6 +62,7 @@ struct TrainingResult {
   int64_t overflows = 0;         // forwards in which precision.check_overflow found inf/NaN
   double step_s_median = 0;      // median wall time of a step, after 10 warm-up steps
   double allreduce_hidden_share = 0;  // gradient bytes all-reduced before backward ended
+  int64_t stopped_at_step = 0;   // > 0: stopped there on request (RunObserver::stop_requested), not the end
   std::vector<std::vector<std::string>> shared_gradients;  // from the clip check
   nlohmann::json to_json() const;
 };

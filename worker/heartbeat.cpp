@@ -20,6 +20,15 @@ HeartbeatLoop::HeartbeatLoop(CoordinatorClient& client, HeartbeatOptions options
 
 HeartbeatLoop::~HeartbeatLoop() { stop(); }
 
+bool HeartbeatLoop::stop_requested() {
+  if (!stop_requested_ && options_.stop_signal && options_.stop_signal->load()) {
+    stop_requested_ = true;
+    spdlog::warn("rank {}: SIGUSR1: every rank stops after a step they agree on, with a "
+                 "checkpoint there", options_.rank);
+  }
+  return stop_requested_;
+}
+
 void HeartbeatLoop::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);

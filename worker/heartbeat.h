@@ -1,7 +1,8 @@
 #pragma once
 // A worker's heartbeat to the coordinator, on its own thread: every period
 // it sends the latest step, phase, loss and throughput. The reply can end
-// the run: STOP sets stop_requested(); ABORT (a peer is gone, collectives
+// the run: STOP (or this process's own stop signal) sets stop_requested();
+// ABORT (a peer is gone, collectives
 // will never complete) ends this process at once with exit status 1, since
 // a rank blocked in a Gloo collective cannot be unwound; REJOIN (the job
 // restarts without the lost peer) ends the generation (runtime/generation.h)
@@ -30,6 +31,9 @@ struct HeartbeatOptions {
   std::chrono::milliseconds period{1000};
   std::chrono::milliseconds timeout{10000};
   std::chrono::milliseconds rejoin_grace{60000};
+  // Set by a signal handler (SIGUSR1 to this worker): this rank asks, like
+  // STOP, that every rank stop after a step they agree on.
+  const std::atomic<bool>* stop_signal = nullptr;
 };
 
 class HeartbeatLoop : public RunObserver {
@@ -40,7 +44,7 @@ class HeartbeatLoop : public RunObserver {
   void on_phase(const std::string& phase) override;
   void on_step(int64_t step, double loss, double samples_per_s) override;
   void on_audit(const nlohmann::json& summary) override;
-  bool stop_requested() override { return stop_requested_; }
+  bool stop_requested() override;
 
   // Stops sending (before the final Report).
   void stop();

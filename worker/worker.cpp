@@ -258,7 +258,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     if (options.observer) options.observer->on_phase("done");
 
     const std::string final_digest = combined_hex(module_digests(*model, true));
-    {
+    const bool stopped = result.stopped_at_step > 0;  // on request, to be resumed
+    if (!stopped) {
       auto scope = timer.measure(Phase::kCheckpoint);
       if (rank == 0)
         torch::save(std::static_pointer_cast<torch::nn::Module>(model), folder.file("model-final.pt"));
@@ -275,9 +276,13 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
       manifest.body["metrics"]["wall_s"] = wall;
       manifest.body["phases"] = timer.to_json(wall);
       manifest.body["decisions"] = decisions.to_json();
-      manifest.body["status"] = "completed";
+      manifest.body["status"] = stopped ? "stopped" : "completed";
       manifest.body["finished_at"] = utc_timestamp();
       manifest.write();
+      if (stopped) {
+        spdlog::info("run folder: {}", folder.path());
+        return WorkerSummary{metrics, decisions.to_json()};
+      }
       spdlog::info("test accuracy {:.4f}, test loss {:.4f} after {} steps ({} masked targets on "
                    "rank 0, {} skipped steps)",
                    result.last_eval.accuracy, result.last_eval.loss, result.steps,

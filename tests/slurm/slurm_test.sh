@@ -4,7 +4,8 @@
 # own (10.77.0.1-3, a bridge in its own namespace, no route out). Runs the
 # shipped deploy/slurm/lockstep.sbatch: a 2-node job to the end (its
 # manifest and digest against `lockstep run`), scancel of a running job
-# (no rank left), scontrol requeue (resumed from the newest checkpoint).
+# (no rank left), scontrol requeue (resumed from the newest checkpoint),
+# USR1 before the time limit (checkpoint there, requeue, resume).
 #   tests/slurm/slurm_test.sh LOCKSTEP_BINARY SOURCE_DIR
 # Exit 0 passed, 1 failed, 77 skipped (not root, Slurm not installed).
 set -uo pipefail
@@ -192,6 +193,31 @@ if compgen -G "$checkpoint_glob" > /dev/null; then
   fi
 else
   fail "job $job wrote no checkpoint: $(tail -n 30 "$tmp"/requeue-"$job".out)"
+fi
+
+# 4. USR1 to the batch shell (what --signal=B:USR1@60 sends before the time
+# limit): the ranks stop after a step they agree on with a checkpoint there
+# (no periodic checkpoint falls before the end), the job is requeued and
+# resumes from that step to the uninterrupted digest.
+job=$(submit usr1 --set job.steps=200 --set checkpoint.every=1000)
+events="$tmp/runs/slurm-$job/events-rank1.jsonl"
+for _ in $(seq 120); do grep -q '"event":"step"' "$events" 2> /dev/null && break; sleep 0.25; done
+if grep -q '"event":"step"' "$events" 2> /dev/null; then
+  on ctl scancel --batch --signal=USR1 "$job"
+  if wait_state "$job" 180 COMPLETED FAILED; then
+    out="$tmp/usr1-$job.out"
+    stop=$(grep -o 'stopped after step [0-9]* of 200 on request, with a checkpoint there' "$out" | grep -o '[0-9]*' | head -n 1)
+    if [[ -n $stop ]] && ((stop < 200)); then pass "USR1: every rank stopped after step $stop with a checkpoint"; else fail "USR1: no stop in: $(tail -n 40 "$out")"; fi
+    grep -q "stopped at a checkpoint: requeueing job $job" "$out" && pass "USR1: requeued after the stop" || fail "USR1: not requeued: $(tail -n 40 "$out")"
+    grep -q "resumed from the checkpoint at step ${stop:-?}" "$out" && pass "USR1: resumed from step $stop" || fail "USR1: no resume from step ${stop:-?} in: $(tail -n 40 "$out")"
+    manifest="$tmp/runs/slurm-$job/manifest.json"
+    digest=$(json "$manifest" 'd["metrics"]["final_param_digest"]' 2> /dev/null)
+    [[ $digest == "$expected" ]] && pass "USR1: digest equals the uninterrupted run's" || fail "USR1 digest $digest != $expected"
+  else
+    fail "USR1 job $job did not end: $(tail -n 40 "$tmp"/usr1-"$job".out)"
+  fi
+else
+  fail "job $job never trained: $(tail -n 30 "$tmp"/usr1-"$job".out)"
 fi
 
 echo "slurm: $passes passed, $failures failed"

@@ -78,10 +78,13 @@ NetHosts::~NetHosts() {
   shell("ip netns del " + bridge_ns_);
 }
 
-std::string NetHosts::add(const std::string& name, Names names) {
+std::string NetHosts::add(const std::string& name, Names names, const std::string& hostname) {
+  for (const auto& h : hosts_)
+    if (h.name == name) throw std::invalid_argument("there is a namespace host named " + name + " already");
   Host h;
   const int index = int(hosts_.size()) + 1;
   h.name = name;
+  h.hostname = hostname.empty() ? name : hostname;
   h.netns = prefix_ + "-h" + std::to_string(index);
   h.address = "10.77.0." + std::to_string(index);
   h.port = "p" + std::to_string(index);
@@ -96,8 +99,8 @@ std::string NetHosts::add(const std::string& name, Names names) {
   h.hosts_file = files_dir_ + "/hosts-" + name;
   std::ofstream hosts(h.hosts_file);
   hosts << "127.0.0.1 localhost\n::1 localhost\n";
-  if (names == Names::kResolvable) hosts << h.address << " " << name << "\n";
-  if (names == Names::kLoopback) hosts << "127.0.1.1 " << name << "\n";
+  if (names == Names::kResolvable) hosts << h.address << " " << h.hostname << "\n";
+  if (names == Names::kLoopback) hosts << "127.0.1.1 " << h.hostname << "\n";
   hosts_.push_back(h);
   return h.address;
 }
@@ -110,13 +113,25 @@ const NetHosts::Host& NetHosts::host(const std::string& name) const {
 
 std::string NetHosts::address(const std::string& name) const { return host(name).address; }
 
-std::vector<std::string> NetHosts::on(const std::string& name) const {
+void NetHosts::alias(const std::string& name, const std::string& alias, const std::string& address) {
+  std::ofstream(host(name).hosts_file, std::ios::app) << address << " " << alias << "\n";
+}
+
+std::vector<std::string> NetHosts::on(const std::string& name, const std::vector<Mount>& mounts) const {
   const Host& h = host(name);
   // ip netns exec and unshare both exec: the pid is the program's own.
-  return {"ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount", "--propagation", "private",
-          "--", "/bin/sh", "-c",
-          "hostname \"$0\" && mount --bind \"$1\" /etc/hosts && shift && exec \"$@\"", h.name,
-          h.hosts_file};
+  std::vector<std::string> prefix = {
+      "ip", "netns", "exec", h.netns, "unshare", "--uts", "--mount", "--propagation", "private",
+      "--", "/bin/sh", "-c",
+      "hostname \"$0\" && mount --bind \"$1\" /etc/hosts && n=$2 && shift 2 && "
+      "while [ \"$n\" -gt 0 ]; do mount --bind \"$1\" \"$2\" || exit 125; shift 2; n=$((n - 1)); "
+      "done && exec \"$@\"",
+      h.hostname, h.hosts_file, std::to_string(mounts.size())};
+  for (const auto& m : mounts) {
+    prefix.push_back(m.source);
+    prefix.push_back(m.target);
+  }
+  return prefix;
 }
 
 void NetHosts::cut(const std::string& name) {

@@ -29,11 +29,22 @@ class NetHosts {
   // "" when namespace hosts can be built here, else the reason.
   static std::string unavailable();
 
-  // Adds a host named `name`; returns its address. Throws on failure.
-  std::string add(const std::string& name, Names names = Names::kResolvable);
+  // Adds a host named `name` (also its host name unless `hostname` is
+  // given: a replacement that takes an earlier host's name); returns its
+  // address. Throws on failure.
+  std::string add(const std::string& name, Names names = Names::kResolvable,
+                  const std::string& hostname = "");
   std::string address(const std::string& name) const;
-  // The command prefix that runs a program on host `name` (see LockstepProcess).
-  std::vector<std::string> on(const std::string& name) const;
+  // On host `name`, `alias` resolves to `address` (a DNS name such as a
+  // Kubernetes Service's).
+  void alias(const std::string& name, const std::string& alias, const std::string& address);
+
+  struct Mount {
+    std::string source, target;  // a folder of this machine; an existing folder on the host
+  };
+  // The command prefix that runs a program on host `name` (see
+  // LockstepProcess), with `mounts` bound into its mount namespace only.
+  std::vector<std::string> on(const std::string& name, const std::vector<Mount>& mounts = {}) const;
   // Cuts host `name` off the bridge (its port goes down), or joins it again.
   void cut(const std::string& name);
   void restore(const std::string& name);
@@ -42,7 +53,7 @@ class NetHosts {
 
  private:
   struct Host {
-    std::string name, netns, address, port, hosts_file;
+    std::string name, hostname, netns, address, port, hosts_file;
   };
   const Host& host(const std::string& name) const;
   std::string files_dir_;
