@@ -145,7 +145,7 @@ void NetHosts::restore(const std::string& name) {
 void NetHosts::cap(const std::string& name, const std::string& rate) {
   const Host& h = host(name);
   for (const auto& [ns, dev] : {std::pair{bridge_ns_, h.port}, std::pair{h.netns, std::string("eth0")}}) {
-    shell("ip netns exec " + ns + " tc qdisc del dev " + dev + " root 2>/dev/null");
+    shell("ip netns exec " + ns + " tc qdisc del dev " + dev + " root >/dev/null 2>&1");
     if (!rate.empty())
       run_or_throw("ip netns exec " + ns + " tc qdisc add dev " + dev + " root tbf rate " + rate +
                    " burst 256kbit latency 400ms");
