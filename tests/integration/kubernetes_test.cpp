@@ -337,8 +337,8 @@ TEST_F(KubernetesTest, ShippedManifestsTrainAndReplaceALostWorkerPod) {
     job_text.assign(std::istreambuf_iterator<char>(in), {});
   }
   job_text = std::regex_replace(job_text, std::regex("\nsteps = 40\n"),
-                                "\nsteps = 200\nthreads_per_rank = 1\n");
-  job_text += "\n[checkpoint]\nevery = 20\n\n[fault]\nheartbeat_s = 0.5\nheartbeat_timeout_s = 5\n";
+                                "\nsteps = 1000\nthreads_per_rank = 1\n");
+  job_text += "\n[checkpoint]\nevery = 50\n\n[fault]\nheartbeat_s = 0.5\nheartbeat_timeout_s = 5\n";
   config_maps["lockstep-job"] = folder("configmap-lockstep-job");
   std::ofstream(config_maps["lockstep-job"] + "/job.toml") << job_text;
 
@@ -362,14 +362,15 @@ TEST_F(KubernetesTest, ShippedManifestsTrainAndReplaceALostWorkerPod) {
 
   const std::string runs = dir.path() + "/claim-lockstep-runs";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (newest_checkpoint(runs) < 40 && coordinator.running() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_GE(newest_checkpoint(runs), 40) << coordinator.output() << workers[1]->output();
+  while (newest_checkpoint(runs) < 50 && coordinator.running() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(newest_checkpoint(runs), 50) << coordinator.output() << workers[1]->output();
 
   // Worker 1's pod dies (as an OOM kill would end it). The Job controller:
   // exit 137 is not in the FailJob rule, one failure is within backoffLimit
   // → a fresh pod of the same index, on another node, with the same name.
   workers[1]->kill_group();
+  ASSERT_LT(newest_checkpoint(runs), 1000) << "the run ended before the kill: make it longer";
   const int exit_code = workers[1]->wait(10);
   EXPECT_EQ(exit_code, 128 + 9);
   ASSERT_GE(backoff_limit, 1);

@@ -195,19 +195,23 @@ TEST_F(MultiHostTest, ACutWorkerIsReplacedFromTheCheckpointsOfASharedFolder) {
   // Checkpoints need a folder every host sees: here one folder for all.
   const std::string shared = home("shared");
   auto sets = kJob;
-  sets.insert(sets.end(), {"job.steps=400", "checkpoint.every=20", "fault.max_restarts=1",
+  // Long enough that the cut lands mid-run: a step takes a few ms here, and
+  // each status poll starts a process.
+  sets.insert(sets.end(), {"job.steps=2000", "checkpoint.every=50", "fault.max_restarts=1",
                            "fault.heartbeat_timeout_s=3", "comm.collective_timeout_s=5",
                            "comm.barrier_timeout_s=10", "audit.every=20"});
   auto& coordinator = start_coordinator("coord", sets, shared);
   start_worker("w1", 0, {}, shared);
   auto& lost = start_worker("w2", 0, {}, shared);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (least_step("coord") < 60 && std::chrono::steady_clock::now() < deadline)
+  int64_t reached = -1;
+  while ((reached = least_step("coord")) < 60 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_GE(least_step("coord"), 60) << coordinator.output();
+  ASSERT_GE(reached, 60) << coordinator.output();
 
   const auto cut_at = std::chrono::steady_clock::now();
   hosts->cut("w2");
+  ASSERT_LT(reached, 1500) << "the run nearly ended before the cut: make it longer";
   ASSERT_TRUE(coordinator.wait_for_output("Decision: restart = generation 2", 20)) << coordinator.output();
   const double noticed = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
   EXPECT_LE(noticed, 3.0 + 2.0) << "fault.heartbeat_timeout_s = 3";

@@ -199,20 +199,28 @@ fi
 # limit): the ranks stop after a step they agree on with a checkpoint there
 # (no periodic checkpoint falls before the end), the job is requeued and
 # resumes from that step to the uninterrupted digest.
-job=$(submit usr1 --set job.steps=200 --set checkpoint.every=1000)
+# A longer run than the others (the stop must land before its end), with
+# its own uninterrupted digest.
+long="$reference/long"
+mkdir -p "$long"
+(cd "$long" && "$lockstep" run "$source_dir/examples/synthetic.toml" --nproc 2 \
+  --set job.threads_per_rank=1 --set job.run_dir="$long/runs" --set job.steps=1000 > "$long/out.txt" 2>&1) ||
+  { echo "long reference run failed"; cat "$long/out.txt"; exit 1; }
+expected_long=$(json "$(ls -d "$long"/runs/*)/manifest.json" 'd["metrics"]["final_param_digest"]')
+job=$(submit usr1 --set job.steps=1000 --set checkpoint.every=5000)
 events="$tmp/runs/slurm-$job/events-rank1.jsonl"
 for _ in $(seq 120); do grep -q '"event":"step"' "$events" 2> /dev/null && break; sleep 0.25; done
 if grep -q '"event":"step"' "$events" 2> /dev/null; then
   on ctl scancel --batch --signal=USR1 "$job"
   if wait_state "$job" 180 COMPLETED FAILED; then
     out="$tmp/usr1-$job.out"
-    stop=$(grep -o 'stopped after step [0-9]* of 200 on request, with a checkpoint there' "$out" | grep -o '[0-9]*' | head -n 1)
-    if [[ -n $stop ]] && ((stop < 200)); then pass "USR1: every rank stopped after step $stop with a checkpoint"; else fail "USR1: no stop in: $(tail -n 40 "$out")"; fi
+    stop=$(grep -o 'stopped after step [0-9]* of 1000 on request, with a checkpoint there' "$out" | grep -o '[0-9]*' | head -n 1)
+    if [[ -n $stop ]] && ((stop < 1000)); then pass "USR1: every rank stopped after step $stop with a checkpoint"; else fail "USR1: no stop in: $(tail -n 40 "$out")"; fi
     grep -q "stopped at a checkpoint: requeueing job $job" "$out" && pass "USR1: requeued after the stop" || fail "USR1: not requeued: $(tail -n 40 "$out")"
     grep -q "resumed from the checkpoint at step ${stop:-?}" "$out" && pass "USR1: resumed from step $stop" || fail "USR1: no resume from step ${stop:-?} in: $(tail -n 40 "$out")"
     manifest="$tmp/runs/slurm-$job/manifest.json"
     digest=$(json "$manifest" 'd["metrics"]["final_param_digest"]' 2> /dev/null)
-    [[ $digest == "$expected" ]] && pass "USR1: digest equals the uninterrupted run's" || fail "USR1 digest $digest != $expected"
+    [[ $digest == "$expected_long" ]] && pass "USR1: digest equals the uninterrupted run's" || fail "USR1 digest $digest != $expected_long"
   else
     fail "USR1 job $job did not end: $(tail -n 40 "$tmp"/usr1-"$job".out)"
   fi
