@@ -217,24 +217,22 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
 
   std::vector<std::string> passed_on = overrides;
   const std::string resumed_id = resumed_run_id(serve.resume_dir, passed_on);
-  const std::string& tls_cert = serve.tls_cert;
-  const std::string& tls_key = serve.tls_key;
-  const std::string& run_id = serve.run_id;
   JobConfig config = checked_job(job_file, passed_on);
-  if (tls_cert.empty() != tls_key.empty())
+  if (serve.tls_cert.empty() != serve.tls_key.empty())
     throw InputError("--tls-cert and --tls-key go together: give both, or neither for plaintext");
   CoordinatorOptions options;
   options.listen = serve.listen;
   options.store_port = serve.store_port;
   options.token = resolve_token(serve.token_file);
-  options.tls_cert_file = tls_cert;
-  options.tls_key_file = tls_key;
+  options.tls_cert_file = serve.tls_cert;
+  options.tls_key_file = serve.tls_key;
   options.run_dir = config.job.run_dir;
-  if (!tls_cert.empty()) {  // unreadable files are bad input, before anything listens
-    read_secret_file(tls_cert, "--tls-cert");
-    read_secret_file(tls_key, "--tls-key");
+  if (!serve.tls_cert.empty()) {  // unreadable files are bad input, before anything listens
+    read_secret_file(serve.tls_cert, "--tls-cert");
+    read_secret_file(serve.tls_key, "--tls-key");
   }
 
+  const std::string& run_id = serve.run_id;
   if (!run_id.empty() && (run_id.find_first_of("/\\") != std::string::npos || run_id == "." ||
                           run_id == ".." || run_id.size() > 200))
     throw InputError("--run-id '" + run_id + "': a folder name is needed (no '/', at most 200 characters)");
@@ -493,13 +491,6 @@ nlohmann::json status_json(const v1::StatusReply& reply) {
 int status_command(const ConnectionFlags& connection, bool json) {
   CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
                             connection.tls_ca});
-  // SIGUSR1 (Slurm's --signal=USR1@T, sent to the tasks): every rank stops
-  // after a step they agree on, with a checkpoint there.
-  struct sigaction action {};
-  action.sa_handler = [](int) { usr1_received = true; };
-  action.sa_flags = SA_RESTART;
-  sigemptyset(&action.sa_mask);
-  ::sigaction(SIGUSR1, &action, nullptr);
   v1::StatusReply reply;
   grpc::Status status = client.status(&reply, milliseconds(5000));
   if (!status.ok())
