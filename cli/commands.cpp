@@ -40,8 +40,15 @@ milliseconds to_ms(double seconds) { return milliseconds(int64_t(seconds * 1000.
 
 // --token-file, else LOCKSTEP_TOKEN; neither is bad input.
 std::string resolve_token(const std::string& token_file) {
-  if (!token_file.empty()) return read_secret_file(token_file, "--token-file");
-  if (const char* token = std::getenv("LOCKSTEP_TOKEN"); token && *token) return token;
+  if (!token_file.empty()) {
+    std::string token = read_secret_file(token_file, "--token-file");
+    validate_token(token, "--token-file " + token_file);
+    return token;
+  }
+  if (const char* token = std::getenv("LOCKSTEP_TOKEN"); token && *token) {
+    validate_token(token, "LOCKSTEP_TOKEN");
+    return token;
+  }
   throw InputError("no job token: pass --token-file FILE or set LOCKSTEP_TOKEN (coordinator and "
                    "workers need the same one)");
 }
@@ -135,6 +142,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   CoordinatorOptions coordinator_options;
   coordinator_options.listen = "127.0.0.1:0";
   const char* given_token = std::getenv("LOCKSTEP_TOKEN");
+  if (given_token && *given_token) validate_token(given_token, "LOCKSTEP_TOKEN");
   coordinator_options.token = given_token && *given_token ? given_token : random_hex(16);
   spdlog::info("Decision: job token = {} ({})", given_token && *given_token ? "LOCKSTEP_TOKEN" : "generated",
                given_token && *given_token ? "set in the environment: `lockstep status` can use it"
@@ -222,7 +230,6 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
     throw InputError("--tls-cert and --tls-key go together: give both, or neither for plaintext");
   CoordinatorOptions options;
   options.listen = serve.listen;
-  options.store_port = serve.store_port;
   options.token = resolve_token(serve.token_file);
   options.tls_cert_file = serve.tls_cert;
   options.tls_key_file = serve.tls_key;
@@ -353,7 +360,7 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
                                    to_ms(config.fault.heartbeat_s),
                                    to_ms(config.fault.heartbeat_timeout_s),
                                    to_ms(config.comm.collective_timeout_s + 10), &usr1_received});
-  CoordinatorRendezvous rendezvous(reply, client.host());
+  CoordinatorRendezvous rendezvous(reply, client);
   WorkerOptions options;
   options.process_start = start;
   const char* terminal = std::getenv("LOCKSTEP_TERMINAL");

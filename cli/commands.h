@@ -18,7 +18,6 @@ struct ConnectionFlags {
 
 struct ServeFlags {  // lockstep coordinator
   std::string listen = "127.0.0.1:50051";  // HOST:PORT
-  int store_port = 0;                      // the rendezvous store's; 0: any free one
   std::string token_file;                  // else LOCKSTEP_TOKEN
   std::string tls_cert, tls_key;           // both, or neither for plaintext
   std::string resume_dir;

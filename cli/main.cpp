@@ -49,10 +49,6 @@ int main(int argc, char** argv) {
   coordinator->add_option("--tls-key", serve.tls_key, "PEM private key of --tls-cert");
   coordinator->add_option("--resume", serve.resume_dir,
                           "continue the run in RUN_DIR from its newest valid checkpoint");
-  coordinator->add_option("--store-port", serve.store_port,
-                          "the rendezvous store's port on the --listen host (default 0: any free "
-                          "one; fix it where a firewall or a Kubernetes Service lists ports)")
-      ->check(CLI::Range(0, 65535));
   coordinator->add_option("--run-id", serve.run_id,
                           "the run's id (its folder's name) instead of a new one, e.g. "
                           "slurm-$SLURM_JOB_ID so that a requeued job finds its folder")

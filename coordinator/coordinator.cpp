@@ -3,15 +3,18 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "coordinator/key_value_store.h"
 #include "lockstep/proto/lockstep.grpc.pb.h"
 #include "runtime/errors.h"
 #include "runtime/run_folder.h"
+#include "runtime/untrusted_json.h"
 
 namespace lockstep {
 namespace {
@@ -60,6 +63,64 @@ grpc::Status receive_file_chunk(const std::string& folder, int world_size, const
   return grpc::Status::OK;
 }
 
+namespace {
+grpc::Status serve_store_call(KeyValueStore& store, const v1::StoreRequest& request,
+                              v1::StoreReply* reply) {
+  using Op = v1::StoreRequest;
+  const int keys = request.keys_size();
+  const bool one_key = request.op() == Op::SET || request.op() == Op::GET || request.op() == Op::ADD ||
+                       request.op() == Op::COMPARE_SET || request.op() == Op::DELETE;
+  if (one_key && keys != 1)
+    return {grpc::StatusCode::INVALID_ARGUMENT, "store operation " + Op::Op_Name(request.op()) +
+                                                    " takes exactly one key, not " + std::to_string(keys)};
+  // The coordinator holds a waiting call at most this long: a worker asks
+  // again until its own timeout, so no handler thread waits for long.
+  const auto hold = std::chrono::milliseconds(std::clamp<int64_t>(request.wait_ms(), 0, 2000));
+  std::string error;
+  switch (request.op()) {
+    case Op::SET:
+      error = store.set(request.keys(0), request.value());
+      break;
+    case Op::GET:
+      if (auto value = store.get(request.keys(0), hold)) {
+        reply->set_found(true);
+        reply->set_value(*value);
+      }
+      break;
+    case Op::ADD: {
+      int64_t result = 0;
+      error = store.add(request.keys(0), request.amount(), &result);
+      reply->set_number(result);
+      break;
+    }
+    case Op::COMPARE_SET: {
+      std::string now;
+      error = store.compare_set(request.keys(0), request.expected(), request.value(), &now);
+      reply->set_value(now);
+      break;
+    }
+    case Op::CHECK:
+    case Op::WAIT: {
+      std::vector<std::string> names(request.keys().begin(), request.keys().end());
+      reply->set_found(store.wait(names, request.op() == Op::WAIT ? hold : std::chrono::milliseconds(0)));
+      break;
+    }
+    case Op::DELETE:
+      reply->set_found(store.remove(request.keys(0)));
+      break;
+    case Op::NUM_KEYS:
+      reply->set_number(store.size());
+      break;
+    default:
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              "unknown store operation " + std::to_string(request.op()) + " (allowed: SET, GET, ADD, "
+              "COMPARE_SET, CHECK, WAIT, DELETE, NUM_KEYS)"};
+  }
+  if (!error.empty()) return {grpc::StatusCode::RESOURCE_EXHAUSTED, error};
+  return grpc::Status::OK;
+}
+}  // namespace
+
 void add_recovery_costs(const std::string& run_folder, nlohmann::json& restarts) {
   struct Event {
     std::string kind;
@@ -73,8 +134,8 @@ void add_recovery_costs(const std::string& run_folder, nlohmann::json& restarts)
     std::ifstream in(run_folder + "/events-rank" + std::to_string(rank) + ".jsonl");
     if (!in) break;
     for (std::string line; std::getline(in, line);) {
-      auto event = nlohmann::json::parse(line, nullptr, false);
-      if (event.is_discarded()) continue;
+      auto event = parse_untrusted_json(line, nullptr);
+      if (event.is_discarded() || !event.is_object()) continue;
       const std::string kind = event.value("event", "");
       const double time = event.value("time", 0.0);
       if (kind == "failed") events.push_back({kind, time, event.value("steps_done", int64_t(0))});
@@ -109,6 +170,24 @@ std::string read_secret_file(const std::string& path, const std::string& what) {
   while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
   if (text.empty()) throw InputError(what + " " + path + ": the file is empty");
   return text;
+}
+
+void validate_token(const std::string& token, const std::string& source) {
+  const std::string fix = "; make one with: head -c 24 /dev/urandom | base64";
+  if (token.size() < kMinTokenChars)
+    throw InputError("the job token from " + source + " has " + std::to_string(token.size()) +
+                     " characters; it needs at least " + std::to_string(kMinTokenChars) + fix);
+  if (token.size() > 4096)
+    throw InputError("the job token from " + source + " has " + std::to_string(token.size()) +
+                     " characters; at most 4096" + fix);
+  for (size_t i = 0; i < token.size(); ++i) {
+    const auto c = static_cast<unsigned char>(token[i]);
+    if (c <= 0x20 || c >= 0x7f)
+      throw InputError("the job token from " + source + " holds " +
+                       (c == ' ' || c == '\t' || c == '\n' || c == '\r' ? std::string("whitespace")
+                                                                   : std::string("a control or non-ASCII byte")) +
+                       " at position " + std::to_string(i + 1) + "; use printable ASCII only" + fix);
+  }
 }
 
 std::string redact(const std::string& secret) {
@@ -155,25 +234,62 @@ class CoordinatorServer::Service final : public v1::Coordinator::Service {
     if (folder_.empty()) return {grpc::StatusCode::FAILED_PRECONDITION, "this coordinator keeps no run folder"};
     return receive_file_chunk(folder_, state_.world_size(), *chunk);
   }
+  grpc::Status Store(grpc::ServerContext* context, const v1::StoreRequest* request,
+                     v1::StoreReply* reply) override {
+    if (auto denied = check_token(*context); !denied.ok()) return denied;
+    if (request->run_id() != state_.run_id())
+      return {grpc::StatusCode::NOT_FOUND, "run " + request->run_id() + " is not this coordinator's ("
+                                               + state_.run_id() + ")"};
+    return serve_store_call(store_, *request, reply);
+  }
 
   std::string folder_;  // the run folder files are copied into ("" = none)
 
  private:
-  grpc::Status check_token(const grpc::ServerContext& context) const {
+  grpc::Status check_token(const grpc::ServerContext& context) {
     const auto& metadata = context.client_metadata();
     auto it = metadata.find("lockstep-token");
     if (it == metadata.end())
       return {grpc::StatusCode::UNAUTHENTICATED,
               "no job token: set LOCKSTEP_TOKEN or --token-file to the coordinator's token"};
     if (!same_secret(std::string(it->second.data(), it->second.size()), token_)) {
-      spdlog::warn("coordinator: refused a call from {}: wrong job token", context.peer());
+      note_refusal(context.peer());
       return {grpc::StatusCode::UNAUTHENTICATED, "wrong job token"};
     }
     return grpc::Status::OK;
   }
 
+  // The first refusal is logged at once, later ones at most once per
+  // kRefusalLogPeriod as a count: a flood of bad clients must not flood
+  // the log (or the disk under it).
+  void note_refusal(const std::string& peer) {
+    constexpr auto kRefusalLogPeriod = std::chrono::seconds(10);
+    std::lock_guard<std::mutex> lock(refusals_mutex_);
+    const auto now = std::chrono::steady_clock::now();
+    ++refused_;
+    refused_peers_.insert(peer.substr(0, peer.rfind(':')));
+    if (now - last_refusal_log_ < kRefusalLogPeriod) return;
+    if (refused_ == 1)
+      spdlog::warn("coordinator: refused a call from {}: wrong job token (more are counted, one line "
+                   "per {} s)", peer, kRefusalLogPeriod.count());
+    else
+      spdlog::warn("coordinator: refused {} calls with a wrong job token from {} address{} since the "
+                   "last such line (latest from {})", refused_, refused_peers_.size(),
+                   refused_peers_.size() == 1 ? "" : "es", peer);
+    last_refusal_log_ = now;
+    refused_ = 0;
+    refused_peers_.clear();
+  }
+
+  std::mutex refusals_mutex_;
+  int64_t refused_ = 0;                   // since the last line logged; guarded by refusals_mutex_
+  std::set<std::string> refused_peers_;   // guarded by refusals_mutex_
+  std::chrono::steady_clock::time_point last_refusal_log_{};  // guarded by refusals_mutex_
+
   JobState& state_;
   const std::string token_;
+ public:
+  KeyValueStore store_;  // the job's rendezvous store
 };
 
 CoordinatorServer::CoordinatorServer(CoordinatorOptions options, JobStateOptions job)
@@ -182,32 +298,12 @@ CoordinatorServer::CoordinatorServer(CoordinatorOptions options, JobStateOptions
 CoordinatorServer::~CoordinatorServer() {
   stopping_ = true;
   if (monitor_.joinable()) monitor_.join();
+  if (service_) service_->store_.close();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
 void CoordinatorServer::start() {
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<std::uint16_t>(options_.store_port);
-  store_options.isServer = true;
-  store_options.numWorkers = static_cast<std::size_t>(job_.world_size);
-  store_options.waitWorkers = false;
-  store_options.timeout = job_.rendezvous_timeout;
   auto host = options_.listen.substr(0, options_.listen.rfind(':'));
-  const std::string store_host = host.empty() ? "0.0.0.0" : host;
-  c10::intrusive_ptr<c10d::TCPStore> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(store_host, store_options);
-  } catch (const c10::Error& e) {  // what() would add LibTorch's backtrace
-    throw RunError("coordinator: cannot open the job's rendezvous store on " + store_host + ":" +
-                   std::to_string(options_.store_port) + " (" + e.what_without_backtrace() +
-                   "); choose a free port with --store-port, or 0 for any free one");
-  }
-  job_.store_port = store->getPort();
-  store_ = std::shared_ptr<void>(new c10::intrusive_ptr<c10d::TCPStore>(store), [](void* p) {
-    delete static_cast<c10::intrusive_ptr<c10d::TCPStore>*>(p);
-  });
-  spdlog::info("coordinator: c10d TCPStore for the job on port {}", job_.store_port);
-
   if (!options_.run_dir.empty()) {
     // The run folder exists from the start, with a marker whose contents
     // every worker gets at Join: one that reads the same in its own run
@@ -263,6 +359,7 @@ int CoordinatorServer::wait(std::chrono::milliseconds tell_grace) {
   write_manifest();
   stopping_ = true;
   if (monitor_.joinable()) monitor_.join();
+  service_->store_.close();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (completed) {
     spdlog::info("coordinator: run {} completed", job_.run_id);
@@ -285,8 +382,8 @@ void CoordinatorServer::write_manifest() const {
   const std::string path = folder.file("manifest.json");
   if (std::filesystem::exists(path)) {
     std::ifstream in(path);
-    manifest = nlohmann::json::parse(in, nullptr, false);
-    if (manifest.is_discarded()) manifest = nlohmann::json::object();
+    manifest = parse_untrusted_json(in, nullptr);
+    if (manifest.is_discarded() || !manifest.is_object()) manifest = nlohmann::json::object();
   } else {
     folder.create();
     manifest["run_id"] = job_.run_id;

@@ -1,6 +1,7 @@
 #pragma once
-// The coordinator: a gRPC server that runs one job. It hosts the job's c10d
-// TCPStore, answers Join/Heartbeat/Report/Status, watches liveness, and at
+// The coordinator: a gRPC server that runs one job. It holds the job's
+// rendezvous store (served by the Store call, behind the token like every
+// other), answers Join/Heartbeat/Report/Status, watches liveness, and at
 // the end writes its view into the run folder's manifest.json. It never sees
 // a tensor.
 #include <chrono>
@@ -23,7 +24,6 @@ constexpr int kExitStopped = 75;
 
 struct CoordinatorOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
-  int store_port = 0;                  // the rendezvous store's port on the same host; 0: a free one
   std::string token;                   // required in every call's "lockstep-token" header
   std::string tls_cert_file;           // PEM; with tls_key_file, serve TLS
   std::string tls_key_file;
@@ -37,7 +37,7 @@ class CoordinatorServer {
   CoordinatorServer(CoordinatorOptions options, JobStateOptions job);
   ~CoordinatorServer();
 
-  // Starts the store and the gRPC server. Throws RunError if it cannot listen.
+  // Starts the gRPC server. Throws RunError if it cannot listen.
   void start();
   int port() const { return port_; }
   const std::string& run_id() const { return job_.run_id; }
@@ -63,7 +63,6 @@ class CoordinatorServer {
   std::unique_ptr<JobState> state_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::shared_ptr<void> store_;  // the c10d TCPStore, held for the job's lifetime
   std::thread monitor_;
   std::atomic<bool> stopping_{false};
   int port_ = 0;
@@ -82,7 +81,16 @@ grpc::Status receive_file_chunk(const std::string& folder, int world_size, const
 
 // Reads a file's whole contents; throws InputError naming `what` and the path.
 std::string read_secret_file(const std::string& path, const std::string& what);
-// "abcd…(32 chars)": enough to tell tokens apart, never the whole secret.
+// "abcd…(32 chars)": enough to tell tokens apart, never the whole secret
+// (only tokens validate_token accepted are ever shown, and never a short one).
 std::string redact(const std::string& secret);
+
+// The smallest token a job accepts: a short one can be guessed.
+constexpr size_t kMinTokenChars = 16;
+// Throws InputError naming `source` (--token-file F, LOCKSTEP_TOKEN) when
+// the token is shorter than kMinTokenChars, longer than 4096, or holds
+// whitespace or characters a gRPC header cannot carry. The message never
+// shows the token.
+void validate_token(const std::string& token, const std::string& source);
 
 }  // namespace lockstep

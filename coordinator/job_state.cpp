@@ -7,8 +7,32 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/run_folder.h"
+#include "runtime/untrusted_json.h"
 
 namespace lockstep {
+namespace {
+
+// The audits a heartbeat carries, parsed within bounds; INVALID_ARGUMENT
+// naming the field when one is not an audit.
+grpc::Status parse_audits(const v1::HeartbeatRequest& request, std::vector<nlohmann::json>* audits) {
+  for (int i = 0; i < request.audits_json_size(); ++i) {
+    std::string why;
+    auto audit = parse_untrusted_json(request.audits_json(i), &why);
+    if (!audit.is_discarded() &&
+        (!audit.is_object() || !audit.contains("step") || !audit["step"].is_number_integer() ||
+         (audit.contains("agreed") && !audit["agreed"].is_boolean()) ||
+         (audit.contains("verdict") && !audit["verdict"].is_string())))
+      why = "not an audit (an object with an integer step, boolean agreed, string verdict)";
+    if (!why.empty())
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              "rank " + std::to_string(request.rank()) + ": heartbeat audits_json[" + std::to_string(i) +
+                  "]: " + why};
+    audits->push_back(std::move(audit));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
 namespace {
 
 constexpr const char* kApiVersion = "lockstep.v1";
@@ -212,7 +236,6 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
   for (const auto& s : options_.settings) reply->add_settings(s);
   for (const auto& [key, source] : options_.sources) (*reply->mutable_config_sources())[key] = source;
   reply->set_job_file(options_.job_file);
-  reply->set_store_port(options_.store_port);
   reply->set_folder_marker(options_.folder_marker);
   reply->set_local_world_size(me.local_world_size);
   reply->set_local_rank(me.local_index);
@@ -234,6 +257,9 @@ JobState::Worker* JobState::find_locked(const std::string& run_id, int rank, int
 }
 
 grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatReply* reply) {
+  // What the worker sent is checked before it touches the job's state.
+  std::vector<nlohmann::json> audits;
+  if (auto refused = parse_audits(request, &audits); !refused.ok()) return refused;
   std::lock_guard<std::mutex> lock(mutex_);
   if (from_ended_generation_locked(request.run_id(), request.generation())) {
     if (state_ == State::kFailed) {
@@ -263,7 +289,7 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
   w->samples_per_s = request.samples_per_s();
   w->phase = request.phase();
   w->audit = request.audit();
-  record_audits_locked(request);
+  record_audits_locked(request.rank(), audits);
   if (state_ == State::kFailed) {
     reply->set_command(v1::HeartbeatReply::ABORT);
     reply->set_reason(failure_);
@@ -279,14 +305,20 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
 }
 
 grpc::Status JobState::report(const v1::ReportRequest& request) {
+  std::string why;
+  nlohmann::json metrics =
+      parse_untrusted_json(request.metrics_json().empty() ? "{}" : request.metrics_json(), &why);
+  if (!metrics.is_discarded() && !metrics.is_object()) why = "not a JSON object";
+  if (!why.empty())
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            "rank " + std::to_string(request.rank()) + ": report metrics_json: " + why};
   std::lock_guard<std::mutex> lock(mutex_);
   if (from_ended_generation_locked(request.run_id(), request.generation()))
     return grpc::Status::OK;  // that generation is over; its restart is already counted
   grpc::Status error;
   Worker* w = find_locked(request.run_id(), request.rank(), request.generation(), &error);
   if (!w) return error;
-  w->metrics = nlohmann::json::parse(request.metrics_json().empty() ? "{}" : request.metrics_json(),
-                                     nullptr, false);
+  w->metrics = std::move(metrics);
   if (request.success() && request.stopped_at_step() > 0) {
     if (stop_reason_.empty())  // the ranks agreed among themselves
       stop_reason_ = "a rank asked (SIGUSR1 to a worker)";
@@ -324,10 +356,8 @@ grpc::Status JobState::report(const v1::ReportRequest& request) {
   return grpc::Status::OK;
 }
 
-void JobState::record_audits_locked(const v1::HeartbeatRequest& request) {
-  for (const auto& text : request.audits_json()) {
-    auto audit = nlohmann::json::parse(text, nullptr, false);
-    if (audit.is_discarded() || !audit.contains("step")) continue;
+void JobState::record_audits_locked(int rank, std::vector<nlohmann::json>& audits) {
+  for (auto& audit : audits) {
     const int64_t step = audit["step"];
     if (!audited_steps_.insert(step).second) continue;  // every rank sends the same verdict
     last_audit_ = "step " + std::to_string(step) + ": " + audit.value("verdict", "?");
@@ -339,7 +369,7 @@ void JobState::record_audits_locked(const v1::HeartbeatRequest& request) {
       std::filesystem::create_directories(std::filesystem::path(options_.audit_log).parent_path(), ignored);
       audit_log_ = std::make_unique<EventWriter>(options_.audit_log);
     }
-    audit["reported_by_rank"] = request.rank();
+    audit["reported_by_rank"] = rank;
     audit_log_->write(audit);
   }
 }

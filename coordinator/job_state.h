@@ -45,7 +45,6 @@ struct JobStateOptions {
   std::vector<std::string> settings;  // the effective job configuration
   std::map<std::string, std::string> sources;  // where each setting came from
   std::string job_file;
-  int store_port = 0;
   std::string folder_marker;  // contents of the coordinator's <run folder>/.coordinator
   std::chrono::milliseconds rendezvous_timeout{120000};
   std::chrono::milliseconds heartbeat_timeout{10000};
@@ -144,7 +143,7 @@ class JobState {
   bool rendezvous_expired_locked(Clock::time_point now) const;
   // A call from a rank of a generation that ended in a restart.
   bool from_ended_generation_locked(const std::string& run_id, int64_t generation) const;
-  void record_audits_locked(const v1::HeartbeatRequest& request);
+  void record_audits_locked(int rank, std::vector<nlohmann::json>& audits);
   std::string who_joined_locked() const;
   nlohmann::json workers_json_locked() const;
   Worker* find_locked(const std::string& run_id, int rank, int64_t generation, grpc::Status* error);

@@ -5,6 +5,9 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sys/stat.h>
+
+#include "runtime/untrusted_json.h"
 
 namespace lockstep {
 namespace {
@@ -38,21 +41,51 @@ AuditReport audit_run_folder(const std::string& run_dir) {
   std::vector<std::string> problems;
   const std::string manifest_path = run_dir + "/manifest.json";
   int world = 0;
+  // Evidence is read, never trusted: every file must be a regular file,
+  // every line bounded JSON of the expected shape, and the ranks' files must
+  // agree with the manifest and with each other.
+  auto regular_file = [](const std::string& path) {
+    struct stat info {};
+    return ::stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+  };
+  if (!fs::exists(manifest_path))
+    return bad_evidence({manifest_path + ": missing (is " + run_dir + " a run folder?)"});
+  if (!regular_file(manifest_path)) return bad_evidence({manifest_path + ": not a regular file"});
   {
     std::ifstream in(manifest_path);
-    if (!in) return bad_evidence({manifest_path + ": missing (is " + run_dir + " a run folder?)"});
-    json manifest = json::parse(in, nullptr, false);
-    if (manifest.is_discarded() || !manifest.contains("world_size"))
-      return bad_evidence({manifest_path + ": truncated or not a lockstep manifest (no world_size)"});
-    world = manifest["world_size"].get<int>();
+    if (!in) return bad_evidence({manifest_path + ": cannot be read"});
+    std::string why;
+    json manifest = parse_untrusted_json(in, &why);
+    if (manifest.is_discarded())
+      return bad_evidence({manifest_path + ": truncated or not a lockstep manifest (" + why + ")"});
+    if (!manifest.is_object() || !manifest.contains("world_size") ||
+        !manifest["world_size"].is_number_integer())
+      return bad_evidence({manifest_path + ": not a lockstep manifest (no integer world_size)"});
+    const int64_t stated = manifest["world_size"].get<int64_t>();
+    if (stated < 1 || stated > 65536)
+      return bad_evidence({manifest_path + ": world_size = " + std::to_string(stated) +
+                           " (a run has 1 to 65536 ranks)"});
+    world = static_cast<int>(stated);
   }
+  // A rank file beyond the manifest's world size means one of them lies.
+  if (fs::exists(run_dir + "/audit-rank" + std::to_string(world) + ".jsonl"))
+    return bad_evidence({manifest_path + ": world_size = " + std::to_string(world) + " but audit-rank" +
+                         std::to_string(world) + ".jsonl exists (inconsistent)"});
 
   std::vector<RankEvidence> ranks(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     const std::string path = run_dir + "/audit-rank" + std::to_string(r) + ".jsonl";
+    if (!fs::exists(path)) {
+      problems.push_back(path + ": missing");
+      continue;
+    }
+    if (!regular_file(path)) {
+      problems.push_back(path + ": not a regular file");
+      continue;
+    }
     std::ifstream in(path);
     if (!in) {
-      problems.push_back(path + ": missing");
+      problems.push_back(path + ": cannot be read");
       continue;
     }
     std::string line;
@@ -60,11 +93,27 @@ AuditReport audit_run_folder(const std::string& run_dir) {
     while (std::getline(in, line)) {
       ++number;
       if (line.empty()) continue;
-      json audit = json::parse(line, nullptr, false);
-      if (audit.is_discarded() || !audit.contains("step") || !audit.contains("tensors")) {
-        problems.push_back(path + ":" + std::to_string(number) + ": truncated or corrupt line");
+      std::string why;
+      json audit = parse_untrusted_json(line, &why);
+      if (audit.is_discarded()) {
+        problems.push_back(path + ":" + std::to_string(number) + ": truncated or corrupt line (" + why + ")");
         break;
       }
+      std::string shape;
+      if (!audit.is_object() || !audit.contains("step") || !audit["step"].is_number_integer())
+        shape = "no integer step";
+      else if (!audit.contains("tensors") || !audit["tensors"].is_object() || audit["tensors"].empty())
+        shape = "no tensors object";
+      else if (audit.contains("rng") && !audit["rng"].is_string())
+        shape = "rng is not a string";
+      if (shape.empty())
+        for (const auto& [name, hash] : audit["tensors"].items())
+          if (shape.empty() && !hash.is_string()) shape = "tensor " + name + " has no string digest";
+      if (!shape.empty()) {
+        problems.push_back(path + ":" + std::to_string(number) + ": not an audit line (" + shape + ")");
+        break;
+      }
+      // A step audited again (a restart redid it) counts as its last audit.
       ranks[size_t(r)].by_step[audit["step"].get<int64_t>()] = audit;
     }
     if (ranks[size_t(r)].by_step.empty() && problems.empty())
@@ -93,6 +142,11 @@ AuditReport audit_run_folder(const std::string& run_dir) {
   report.text = line;
   for (int64_t step : steps) {
     const json& reference = ranks[0].by_step[step]["tensors"];
+    for (int r = 1; r < world; ++r)
+      for (const auto& [name, hash] : ranks[size_t(r)].by_step[step]["tensors"].items())
+        if (!reference.contains(name))
+          problems.push_back("audit-rank0.jsonl: step " + std::to_string(step) + " lacks tensor " + name +
+                             ", which rank " + std::to_string(r) + " audited (inconsistent)");
     std::vector<std::string> differing;
     std::string detail;
     std::vector<std::vector<int>> groups_of_first;

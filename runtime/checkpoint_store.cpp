@@ -10,6 +10,7 @@
 
 #include "runtime/errors.h"
 #include "runtime/run_folder.h"
+#include "runtime/untrusted_json.h"
 
 namespace lockstep {
 namespace fs = std::filesystem;
@@ -102,7 +103,10 @@ std::string CheckpointStore::verify(int64_t step, nlohmann::json* index) const {
   const std::string index_path = folder + "/" + kIndex;
   if (!fs::exists(index_path)) return index_path + ": missing (the checkpoint was never completed)";
   try {
-    *index = nlohmann::json::parse(read_bytes(index_path));
+    std::string why;
+    *index = parse_untrusted_json(read_bytes(index_path), &why);
+    if (index->is_discarded() || !index->is_object() || !index->contains("files") || !(*index)["files"].is_object())
+      return index_path + ": not a checkpoint index (" + (why.empty() ? "no files object" : why) + ")";
     for (const auto& [name, expected] : (*index)["files"].items()) {
       std::string bytes;
       const std::string problem = check_file(folder + "/" + name, expected, &bytes);
@@ -130,7 +134,10 @@ std::string CheckpointStore::read_file(const FoundCheckpoint& found, const std::
   const std::string where = "checkpoint at step " + std::to_string(found.step);
   nlohmann::json index;
   try {
-    index = nlohmann::json::parse(read_bytes(found.folder + "/" + kIndex));
+    std::string why;
+    index = parse_untrusted_json(read_bytes(found.folder + "/" + kIndex), &why);
+    if (index.is_discarded() || !index.is_object() || !index["files"].is_object())
+      throw RunError(where + ": not a valid index (" + (why.empty() ? "no files object" : why) + ")");
   } catch (const nlohmann::json::exception& e) {
     throw RunError(where + ": not a valid index (" + std::string(e.what()) + ")");
   }

@@ -26,6 +26,7 @@
 #endif
 #include "runtime/errors.h"
 #include "runtime/run_folder.h"
+#include "runtime/untrusted_json.h"
 
 extern char** environ;
 
@@ -278,8 +279,8 @@ ProbeTable load_or_run_probe(const std::string& executable, bool force, std::str
   std::string reason = force ? "asked to (--force)" : "no cache at " + path;
   if (!force && std::filesystem::exists(path)) {
     std::ifstream in(path);
-    auto cached = nlohmann::json::parse(in, nullptr, false);
-    if (!cached.is_discarded() && cached.value("fingerprint", nlohmann::json()) == now) {
+    auto cached = parse_untrusted_json(in, nullptr);
+    if (cached.is_object() && cached.value("fingerprint", nlohmann::json()) == now) {
       if (why) *why = "cached in " + path + " (measured " + cached.value("measured_at", "?") + ")";
       return ProbeTable::from_json(cached);
     }

@@ -76,12 +76,25 @@ void write_file_atomically(const std::string& path, const std::string& contents)
   }
 }
 
-std::string read_text_file(const std::string& path, const std::string& what) {
+std::string read_text_file(const std::string& path, const std::string& what, size_t max_bytes) {
+  // Checked before opening: opening a FIFO would wait for a writer, and
+  // /dev/zero never ends.
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0)
+    throw InputError(what + " " + path + ": cannot read the file (" + std::strerror(errno) + ")");
+  if (!S_ISREG(info.st_mode))
+    throw InputError(what + " " + path + ": not a regular file (a folder, device or pipe); give a file");
+  if (static_cast<uint64_t>(info.st_size) > max_bytes)
+    throw InputError(what + " " + path + ": " + std::to_string(info.st_size) + " bytes, more than the " +
+                     std::to_string(max_bytes) + " such a file may have");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(what + " " + path + ": cannot read the file");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+  std::string text(max_bytes + 1 < size_t(info.st_size) + 1 ? max_bytes + 1 : size_t(info.st_size) + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > max_bytes)
+    throw InputError(what + " " + path + ": grew past " + std::to_string(max_bytes) + " bytes while read");
+  return text;
 }
 
 RunFolder::RunFolder(const std::string& root, const std::string& run_id)

@@ -22,9 +22,12 @@ std::string utc_timestamp();
 // reader sees the old file or the new one, never half of one.
 void write_file_atomically(const std::string& path, const std::string& contents);
 
-// The whole contents of `path`. Throws InputError naming `what` (a flag or
-// key) and the path when the file cannot be read.
-std::string read_text_file(const std::string& path, const std::string& what);
+// The whole contents of `path`, a regular file of at most `max_bytes`.
+// Throws InputError naming `what` (a flag or key) and the path when the
+// file cannot be read, is not a regular file (a FIFO, /dev/zero) or is
+// larger.
+std::string read_text_file(const std::string& path, const std::string& what,
+                           size_t max_bytes = 16u << 20);
 
 class RunFolder {
  public:

@@ -8,6 +8,7 @@
 #include "runtime/errors.h"
 #include "runtime/process_group.h"
 #include "runtime/run_folder.h"
+#include "worker/grpc_store.h"
 
 namespace lockstep {
 namespace {
@@ -72,6 +73,13 @@ void prepare(grpc::ClientContext& context, const std::string& token,
   context.AddMetadata("lockstep-token", token);
 }
 }  // namespace
+
+grpc::Status CoordinatorClient::store(const v1::StoreRequest& request, v1::StoreReply* reply,
+                                      std::chrono::milliseconds deadline) {
+  grpc::ClientContext context;
+  prepare(context, options_.token, deadline);
+  return stub_->stub->Store(&context, request, reply);
+}
 
 grpc::Status CoordinatorClient::join(const v1::JoinRequest& request, v1::JoinReply* reply,
                                      std::chrono::milliseconds deadline) {
@@ -155,21 +163,15 @@ RendezvousResult CoordinatorRendezvous::join(std::chrono::milliseconds timeout) 
   result.local_rank = reply_.local_rank();
   result.local_world_size = reply_.local_world_size();
   result.run_id = reply_.run_id();
-  const std::string store_host = reply_.store_host().empty() ? host_ : reply_.store_host();
-  result.store_host = store_host;
-  result.store_port = reply_.store_port();
-  try {
-    // One store serves every generation of the job: each generation's keys
-    // under their own prefix, so no rank reads an address a lost one left.
-    result.store = prefixed("generation-" + std::to_string(reply_.generation()) + "/",
-                            open_tcp_store(store_host, reply_.store_port(), false,
-                                           reply_.world_size(), timeout));
-  } catch (const std::exception& e) {
-    throw RunError("rank " + std::to_string(result.rank) + ": cannot reach the coordinator's store at " +
-                   store_host + ":" + std::to_string(reply_.store_port()) + " (" + e.what() + ")");
-  }
-  result.description = "coordinator's TCPStore at " + store_host + ":" +
-                       std::to_string(reply_.store_port()) + ", generation " +
+  // Gloo's address follows the route to the coordinator, where the store is.
+  const std::string& address = client_.address();
+  result.store_host = client_.host();
+  result.store_port = std::atoi(address.substr(address.rfind(':') + 1).c_str());
+  // One store serves every generation of the job: each generation's keys
+  // under their own prefix, so no rank reads an address a lost one left.
+  result.store = prefixed("generation-" + std::to_string(reply_.generation()) + "/",
+                          c10::make_intrusive<GrpcStore>(client_, reply_.run_id(), timeout));
+  result.description = "the coordinator's store at " + address + " (over its gRPC channel), generation " +
                        std::to_string(reply_.generation());
   return result;
 }

@@ -35,6 +35,9 @@ class CoordinatorClient {
                          std::chrono::milliseconds deadline);
   grpc::Status report(const v1::ReportRequest& request, std::chrono::milliseconds deadline);
   grpc::Status status(v1::StatusReply* reply, std::chrono::milliseconds deadline);
+  // One operation on the job's rendezvous store (worker/grpc_store.h).
+  grpc::Status store(const v1::StoreRequest& request, v1::StoreReply* reply,
+                     std::chrono::milliseconds deadline);
   // Sends the file at `path` as `name` into the coordinator's run folder,
   // in 256 KiB chunks, each with `deadline`.
   grpc::Status put_file(const std::string& run_id, int rank, const std::string& name,
@@ -56,16 +59,17 @@ std::string describe(const grpc::Status& status);
 // The job the coordinator shipped, rebuilt and validated from its settings.
 JobConfig config_from_join(const v1::JoinReply& reply);
 
-// A rank placed by the coordinator: the store is the coordinator's.
+// A rank placed by the coordinator: the store is the coordinator's, reached
+// through `client` (which must outlive the result's store).
 class CoordinatorRendezvous : public Rendezvous {
  public:
-  CoordinatorRendezvous(v1::JoinReply reply, std::string coordinator_host)
-      : reply_(std::move(reply)), host_(std::move(coordinator_host)) {}
+  CoordinatorRendezvous(v1::JoinReply reply, CoordinatorClient& client)
+      : reply_(std::move(reply)), client_(client) {}
   RendezvousResult join(std::chrono::milliseconds timeout) override;
 
  private:
   v1::JoinReply reply_;
-  std::string host_;
+  CoordinatorClient& client_;
 };
 
 }  // namespace lockstep

@@ -141,6 +141,10 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
       to_ms(config.comm.barrier_timeout_s));
   auto data_group = CollectiveGroup::gloo(prefixed("data/", place.store), rank, world,
                                           to_ms(config.comm.collective_timeout_s), gloo.addresses);
+  // Connected: from now on a store operation (the control group's barriers
+  // and exchanges) that does not finish within the barrier's timeout fails
+  // the step, naming the operation.
+  place.store->setTimeout(to_ms(config.comm.barrier_timeout_s));
   decisions.record("process_groups", "data: " + machine.backend + ", control: gloo",
                    "gradients on the data group (timeout " +
                        fmt::format("{:g}", config.comm.collective_timeout_s) + " s); barriers and "

@@ -11,6 +11,8 @@ echo "== audit overhead" >&2
 "$build/tests/bench/audit_overhead" "$repetitions"
 echo "== gradient-sync efficiency" >&2
 "$build/tests/bench/sync_efficiency" 300
+echo "== rendezvous store over gRPC against TCPStore: start-up" >&2
+"$build/tests/bench/store_startup" "$repetitions"
 echo "== recovery after a killed worker" >&2
 /usr/bin/python3 "$here/recovery.py" "$build" "$repetitions"
 echo "== bf16 against fp32" >&2

@@ -164,7 +164,7 @@ TEST(KubernetesManifests, AgreeOnWorldSizeRestartsPortsAndFolders) {
   EXPECT_EQ(workers_service["spec"]["clusterIP"], "None");
   EXPECT_TRUE(selects(workers_service["spec"]["selector"], workers["spec"]["template"]["metadata"]["labels"]));
 
-  // The workers dial the coordinator's Service, which forwards both of its ports.
+  // The workers dial the coordinator's Service, which forwards its one port.
   const std::string dial = flag_value(work, "--coordinator");
   const std::string service_name = dial.substr(0, dial.find(':'));
   const json& service = object(objects, "Service", service_name);
@@ -176,8 +176,7 @@ TEST(KubernetesManifests, AgreeOnWorldSizeRestartsPortsAndFolders) {
   }
   const std::string listen = flag_value(serve, "--listen");
   EXPECT_EQ(dial.substr(dial.find(':') + 1), listen.substr(listen.rfind(':') + 1));
-  EXPECT_EQ(ports, (std::set<std::string>{listen.substr(listen.rfind(':') + 1),
-                                          flag_value(serve, "--store-port")}));
+  EXPECT_EQ(ports, (std::set<std::string>{listen.substr(listen.rfind(':') + 1)}));
 
   // Both mount the run folders' claim at the same path, and job.run_dir is on it.
   std::map<std::string, std::string> claim_paths[2];
