@@ -172,9 +172,17 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
     return state.process_ended(int(pid), what, bad_input);
   };
   const int code = launch_local(options);
-  if (code != 0) coordinator.abort("a worker process failed (see the launcher's message)");
+  if (const int signal_number = launcher_interrupted_by(); signal_number != 0)
+    coordinator.cancel("lockstep run received signal " + std::to_string(signal_number) + " (" +
+                       strsignal(signal_number) + (signal_number == SIGINT ? ", Ctrl-C" : "") + ")");
+  else if (code != 0)
+    coordinator.abort("a worker process failed (see the launcher's message)");
   const int coordinator_code = coordinator.wait(code == 0 ? milliseconds(5000) : milliseconds(0));
-  spdlog::info("run folder: {}", (std::filesystem::path(config.job.run_dir) / run_id).string());
+  const std::string folder = (std::filesystem::path(config.job.run_dir) / run_id).string();
+  spdlog::info("run folder: {}", folder);
+  if (code == 0 && coordinator_code == kExitCompletedWithDrift)  // the last line says so too
+    spdlog::error("lockstep run: completed_with_drift: {}; exit {} (see lockstep audit {})",
+                  state.drift_summary(), kExitCompletedWithDrift, folder);
   return code != 0 ? code : coordinator_code;
 }
 
@@ -249,8 +257,8 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
   std::thread([&coordinator] {
     for (int received; (received = next_signal()) > 0;) {
       if (received == SIGUSR1) coordinator.stop("the coordinator received SIGUSR1");
-      else coordinator.abort("the coordinator received signal " + std::to_string(received) +
-                             " (" + strsignal(received) + ")");
+      else coordinator.cancel("the coordinator received signal " + std::to_string(received) +
+                              " (" + strsignal(received) + ")");
     }
   }).detach();
   return coordinator.wait();

@@ -20,8 +20,8 @@ extern char** environ;
 namespace lockstep {
 namespace {
 
-volatile sig_atomic_t g_interrupted = 0;  // set by SIGINT/SIGTERM to the launcher
-void on_signal(int) { g_interrupted = 1; }
+volatile sig_atomic_t g_interrupted = 0;  // the SIGINT/SIGTERM the launcher received
+void on_signal(int signal_number) { g_interrupted = signal_number; }
 
 struct Child {
   int rank = 0;
@@ -204,7 +204,8 @@ int launch_local(const LaunchOptions& options) {
       spdlog::error("launcher: {}; stopping the other ranks", failure);
     }
     if (g_interrupted && !stopping) {
-      failure = "interrupted by a signal";
+      failure = std::string("interrupted by signal ") + std::to_string(g_interrupted) + " (" +
+                strsignal(g_interrupted) + ")";
       spdlog::warn("launcher: interrupted; stopping every rank");
     }
     if ((first_failed >= 0 || g_interrupted) && !stopping && running > 0) {
@@ -238,5 +239,7 @@ int launch_local(const LaunchOptions& options) {
   spdlog::info("launcher: all {} ranks finished", options.nproc);
   return 0;
 }
+
+int launcher_interrupted_by() { return g_interrupted; }
 
 }  // namespace lockstep

@@ -32,4 +32,7 @@ struct LaunchOptions {
 // its status.
 int launch_local(const LaunchOptions& options);
 
+// The signal (SIGINT, SIGTERM) that interrupted launch_local, or 0.
+int launcher_interrupted_by();
+
 }  // namespace lockstep

@@ -361,6 +361,13 @@ int CoordinatorServer::wait(std::chrono::milliseconds tell_grace) {
   if (monitor_.joinable()) monitor_.join();
   service_->store_.close();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (completed && state_->first_drift_step() >= 0) {
+    spdlog::error("coordinator: run {} completed_with_drift: {} (the audit policy kept it training); "
+                  "exit {}; details: lockstep audit {}", job_.run_id, state_->drift_summary(),
+                  kExitCompletedWithDrift,
+                  options_.run_dir.empty() ? job_.run_id : RunFolder(options_.run_dir, job_.run_id).path());
+    return kExitCompletedWithDrift;
+  }
   if (completed) {
     spdlog::info("coordinator: run {} completed", job_.run_id);
     return 0;
@@ -401,14 +408,21 @@ void CoordinatorServer::write_manifest() const {
                    r["reason"].get<std::string>(), r.value("recovery_s", -1.0),
                    r.value("steps_redone", int64_t(-1)));
   }
+  if (state_->state() == JobState::State::kCompleted && state_->first_drift_step() >= 0) {
+    manifest["status"] = "completed_with_drift";
+    manifest["first_drift_step"] = state_->first_drift_step();
+    manifest["drift"] = state_->drift_summary();
+  }
   if (state_->state() == JobState::State::kStopped) {
     manifest["status"] = "stopped";
     manifest["stopped_at_step"] = state_->stopped_at_step();
     manifest["stop_reason"] = manifest["coordinator"]["stop_reason"];
   }
   if (state_->state() == JobState::State::kFailed) {
-    manifest["status"] = "failed";
-    if (!manifest.contains("error")) manifest["error"] = state_->failure();
+    manifest["status"] = state_->cancelled() ? "cancelled" : "failed";
+    // The coordinator's failure wins over a rank's: a rank that failed
+    // because the job was cancelled under it reports a consequence.
+    if (!manifest.contains("error") || state_->cancelled()) manifest["error"] = state_->failure();
   }
   folder.write_manifest(manifest);
   spdlog::info("coordinator: wrote its view into {}", path);

@@ -21,6 +21,9 @@ namespace lockstep {
 // The exit status of a job stopped on request, to be resumed (sysexits'
 // EX_TEMPFAIL: "try again later").
 constexpr int kExitStopped = 75;
+// The exit status of a job that ran to the end while its ranks disagreed at
+// an audit (audit.policy = warn or resync kept it training): not a clean run.
+constexpr int kExitCompletedWithDrift = 3;
 
 struct CoordinatorOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
@@ -45,11 +48,14 @@ class CoordinatorServer {
 
   // Blocks until the job ends; after a failure gives live ranks up to
   // `tell_grace` to hear ABORT from their next heartbeat; writes the
-  // manifest and stops serving. Returns 0 (completed), 1 (failed) or
-  // kExitStopped.
+  // manifest and stops serving. Returns 0 (completed), 1 (failed),
+  // kExitCompletedWithDrift or kExitStopped.
   int wait(std::chrono::milliseconds tell_grace = std::chrono::milliseconds(5000));
-  // Fails the job (for signals); wait() then returns 1.
+  // Fails the job; wait() then returns 1.
   void abort(const std::string& reason) { state_->fail(reason); }
+  // Fails it because someone asked (a signal): the manifest says
+  // "cancelled" and who asked; wait() returns 1.
+  void cancel(const std::string& reason) { state_->cancel(reason); }
   // Stops the job after a step every rank agrees on, with a checkpoint
   // there (JobState::request_stop); wait() then returns kExitStopped.
   void stop(const std::string& reason) { state_->request_stop(reason); }

@@ -361,6 +361,11 @@ void JobState::record_audits_locked(int rank, std::vector<nlohmann::json>& audit
     const int64_t step = audit["step"];
     if (!audited_steps_.insert(step).second) continue;  // every rank sends the same verdict
     last_audit_ = "step " + std::to_string(step) + ": " + audit.value("verdict", "?");
+    ++audits_;
+    if (!audit.value("agreed", true)) {
+      ++drifted_audits_;
+      if (first_drift_step_ < 0 || step < first_drift_step_) first_drift_step_ = step;
+    }
     if (!audit.value("agreed", true))
       spdlog::error("coordinator: audit at step {} found drift: {}", step, audit.value("verdict", "?"));
     if (options_.audit_log.empty()) continue;
@@ -403,6 +408,30 @@ void JobState::fail_locked(const std::string& reason) {
   failure_ = reason;
   spdlog::error("coordinator: job failed: {}", reason);
   changed_.notify_all();
+}
+
+void JobState::cancel(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (ended_locked()) return;
+  cancelled_ = true;
+  fail_locked("cancelled: " + reason);
+}
+
+int64_t JobState::first_drift_step() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return first_drift_step_;
+}
+
+std::string JobState::drift_summary() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (first_drift_step_ < 0) return "";
+  return "the ranks disagreed at " + std::to_string(drifted_audits_) + " of " + std::to_string(audits_) +
+         " audits, first at step " + std::to_string(first_drift_step_);
+}
+
+bool JobState::cancelled() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cancelled_;
 }
 
 void JobState::fail(const std::string& reason) {
@@ -539,7 +568,8 @@ void JobState::status(v1::StatusReply* reply) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
   reply->set_run_id(options_.run_id);
-  reply->set_state(state_name(state_));
+  reply->set_state(state_ == State::kCompleted && first_drift_step_ >= 0 ? "completed_with_drift"
+                                                                       : state_name(state_));
   reply->set_world_size(options_.world_size);
   reply->set_generation(generation_);
   reply->set_failure(failure_);
@@ -590,7 +620,8 @@ nlohmann::json JobState::to_json() const {
           {"world_size", options_.world_size}, {"workers", workers_json_locked()},
           {"restarts", restarts_}, {"max_restarts", options_.max_restarts},
           {"earlier_generations", earlier_generations_}, {"stop_reason", stop_reason_},
-          {"stopped_at_step", stopped_at_step_}};
+          {"stopped_at_step", stopped_at_step_}, {"first_drift_step", first_drift_step_},
+          {"drifted_audits", drifted_audits_}, {"audits", audits_}};
 }
 
 }  // namespace lockstep

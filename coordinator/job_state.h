@@ -79,8 +79,17 @@ class JobState {
   // Declares ranks dead whose heartbeat is too old, and fails a rendezvous
   // that ran out of time. Called periodically by the monitor.
   void check_liveness();
-  // Fails the job from outside (a signal to the coordinator, say).
+  // Fails the job from outside.
   void fail(const std::string& reason);
+  // Fails the job because someone asked (a signal to the coordinator or to
+  // `lockstep run`): the same for the ranks, "cancelled" in the manifest.
+  void cancel(const std::string& reason);
+  bool cancelled() const;
+  // The first audited step at which the ranks disagreed (-1: none yet),
+  // and how many of how many audits did. A completed job with drift is
+  // "completed_with_drift", not "completed".
+  int64_t first_drift_step() const;
+  std::string drift_summary() const;
   // Asks every rank to stop after a step they agree on, with a checkpoint
   // there (Slurm's USR1 before the time limit); the job ends stopped.
   // Before training started the job just ends stopped; after it ended,
@@ -156,6 +165,7 @@ class JobState {
   State state_ = State::kWaiting;       // guarded by mutex_
   std::vector<Worker> workers_;         // guarded by mutex_; index = join order
   std::string failure_;                 // guarded by mutex_
+  bool cancelled_ = false;              // the failure was a cancellation; guarded by mutex_
   std::string stop_reason_;             // guarded by mutex_; "" while no stop was asked for
   int64_t stopped_at_step_ = 0;         // guarded by mutex_
   int64_t generation_;                  // guarded by mutex_; forming or running
@@ -166,6 +176,9 @@ class JobState {
   std::set<int> earlier_pids_;          // guarded by mutex_; processes of restarted generations
   std::set<int64_t> audited_steps_;     // guarded by mutex_
   std::string last_audit_;              // guarded by mutex_
+  int64_t first_drift_step_ = -1;       // the first audit that found the ranks apart; guarded by mutex_
+  int64_t drifted_audits_ = 0;          // guarded by mutex_
+  int64_t audits_ = 0;                  // audited steps heard of; guarded by mutex_
   std::unique_ptr<EventWriter> audit_log_;  // guarded by mutex_; opened at the first audit
 };
 

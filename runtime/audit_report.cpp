@@ -41,6 +41,7 @@ AuditReport audit_run_folder(const std::string& run_dir) {
   std::vector<std::string> problems;
   const std::string manifest_path = run_dir + "/manifest.json";
   int world = 0;
+  std::string run_status;  // the manifest's outcome, as the run recorded it
   // Evidence is read, never trusted: every file must be a regular file,
   // every line bounded JSON of the expected shape, and the ranks' files must
   // agree with the manifest and with each other.
@@ -66,6 +67,7 @@ AuditReport audit_run_folder(const std::string& run_dir) {
       return bad_evidence({manifest_path + ": world_size = " + std::to_string(stated) +
                            " (a run has 1 to 65536 ranks)"});
     world = static_cast<int>(stated);
+    if (manifest.contains("status") && manifest["status"].is_string()) run_status = manifest["status"];
   }
   // A rank file beyond the manifest's world size means one of them lies.
   if (fs::exists(run_dir + "/audit-rank" + std::to_string(world) + ".jsonl"))
@@ -217,6 +219,10 @@ AuditReport audit_run_folder(const std::string& run_dir) {
   if (streams_shared)
     report.text += "warning: some ranks had equal random generator states at some audits "
                    "(identical dropout masks)\n";
+  if (!run_status.empty()) {
+    report.text += "run outcome (manifest.json): " + run_status + "\n";
+    report.json["run_status"] = run_status;
+  }
   return report;
 }
 

@@ -72,7 +72,19 @@ const std::string kPerturb = "fault.inject=perturb:fc2.bias:1:7:1e-7";
 TEST(Audit, PerturbationIsNamedAtTheNextAuditAndWarnGoesOn) {
   TempDir dir;
   AuditedRun r = audited_run(dir, {kPerturb, "audit.policy=warn"});
-  ASSERT_EQ(r.run.exit_code, 0) << r.run.output;
+  // Warn keeps training but does not report success: its own outcome and exit status.
+  ASSERT_EQ(r.run.exit_code, 3) << r.run.output;
+  auto manifest = read_json(r.folder + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "completed_with_drift") << manifest.dump(2);
+  EXPECT_EQ(manifest["first_drift_step"], 10);
+  std::string last_line = r.run.output.substr(0, r.run.output.find_last_not_of('\n') + 1);
+  last_line = last_line.substr(last_line.rfind('\n') + 1);
+  EXPECT_NE(last_line.find("completed_with_drift: the ranks disagreed at"), std::string::npos) << last_line;
+  EXPECT_NE(last_line.find("first at step 10"), std::string::npos) << last_line;
+  EXPECT_EQ(r.offline_json["run_status"], "completed_with_drift") << r.offline.output;
+  auto text = run_lockstep({"audit", r.folder}, dir.path(), 30);
+  EXPECT_NE(text.output.find("run outcome (manifest.json): completed_with_drift"), std::string::npos)
+      << text.output;
   const auto* at5 = audit_at(r, 5);
   const auto* at10 = audit_at(r, 10);
   ASSERT_TRUE(at5 && at10) << r.run.output;
@@ -111,7 +123,7 @@ TEST(Audit, PolicyFailStopsTheJob) {
 TEST(Audit, PolicyResyncMakesTheNextAuditAgree) {
   TempDir dir;
   AuditedRun r = audited_run(dir, {kPerturb, "audit.policy=resync"});
-  ASSERT_EQ(r.run.exit_code, 0) << r.run.output;
+  ASSERT_EQ(r.run.exit_code, 3) << "repaired drift is still drift: " << r.run.output;
   ASSERT_TRUE(audit_at(r, 10) && audit_at(r, 15));
   EXPECT_EQ((*audit_at(r, 10))["action"], "resynced");
   EXPECT_EQ((*audit_at(r, 15))["agreed"], true);
@@ -123,7 +135,7 @@ TEST(Audit, PolicyResyncMakesTheNextAuditAgree) {
 TEST(Audit, SharedStorageDoubleScaleOnOneRankIsCaught) {
   TempDir dir;
   AuditedRun r = audited_run(dir, {"fault.inject=double_scale:fc2.bias:1:3"});
-  ASSERT_EQ(r.run.exit_code, 0) << r.run.output;
+  ASSERT_EQ(r.run.exit_code, 3) << r.run.output;
   ASSERT_TRUE(audit_at(r, 1) && audit_at(r, 5));
   EXPECT_EQ((*audit_at(r, 1))["agreed"], true);
   EXPECT_EQ((*audit_at(r, 5))["agreed"], false);

@@ -28,9 +28,23 @@ TEST(Signals, SigtermToTheCoordinatorFailsTheJobAndWritesItsManifest) {
   EXPECT_NE(w0.wait(30), 0) << w0.output();
   EXPECT_NE(w1.wait(30), 0) << w1.output();
   auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
-  EXPECT_EQ(manifest["status"], "failed");
-  EXPECT_NE(manifest.value("error", "").find("received signal 15 (Terminated)"), std::string::npos)
+  EXPECT_EQ(manifest["status"], "cancelled");
+  EXPECT_NE(manifest.value("error", "").find("cancelled: the coordinator received signal 15 (Terminated)"),
+            std::string::npos)
       << manifest.dump(2);
+}
+
+TEST(Signals, CtrlCOnRunIsRecordedAsCancelledBySigint) {
+  TempDir dir;
+  LockstepProcess run(synthetic_run(dir, 2, {"job.steps=100000", "fault.heartbeat_s=0.2"}), dir.path());
+  ASSERT_TRUE(run.wait_for_output("step 20/", 60)) << run.output();
+  run.signal(SIGINT);
+  EXPECT_EQ(run.wait(30), 1) << run.output();
+  auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "cancelled") << manifest.dump(2);
+  EXPECT_NE(manifest.value("error", "").find("cancelled: lockstep run received signal 2 (Interrupt, Ctrl-C)"),
+            std::string::npos) << manifest.dump(2);
+  EXPECT_EQ(run.output().find("a worker process failed"), std::string::npos) << run.output();
 }
 
 // The step both ranks stopped after; checks the exit codes, the manifest
