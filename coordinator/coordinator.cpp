@@ -207,7 +207,8 @@ class CoordinatorServer::Service final : public v1::Coordinator::Service {
     auto left = context->deadline() - std::chrono::system_clock::now();
     auto give_up = JobState::Clock::now() +
                    std::min<std::chrono::system_clock::duration>(left, std::chrono::hours(24));
-    return state_.join(*request, context->peer(), give_up, reply);
+    return state_.join(*request, context->peer(), give_up, reply,
+                       [context] { return context->IsCancelled(); });
   }
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                          v1::HeartbeatReply* reply) override {

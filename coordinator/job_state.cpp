@@ -110,7 +110,8 @@ void JobState::assign_ranks_locked() {
 }
 
 grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& peer,
-                            Clock::time_point give_up, v1::JoinReply* reply) {
+                            Clock::time_point give_up, v1::JoinReply* reply,
+                            const std::function<bool()>& caller_gone) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (request.api_version() != kApiVersion)
     return {grpc::StatusCode::FAILED_PRECONDITION,
@@ -205,9 +206,18 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
   // This join's generation: a restart during the wait (a waiting worker's
   // process ended) keeps it; only running or ending releases the wait.
   const int64_t joined_generation = generation_;
-  changed_.wait_until(lock, std::min(give_up, waiting_since_ + options_.rendezvous_timeout), [&] {
-    return state_ != State::kWaiting || rendezvous_expired_locked(Clock::now());
-  });
+  const auto wait_end = std::min(give_up, waiting_since_ + options_.rendezvous_timeout);
+  auto started = [&] { return state_ != State::kWaiting || rendezvous_expired_locked(Clock::now()); };
+  // In slices, so that a caller that went away (a worker killed while it
+  // waited) is noticed and its slot freed before the job starts without it.
+  bool gone = false;
+  while (!started() && Clock::now() < wait_end) {
+    changed_.wait_until(lock, std::min(wait_end, Clock::now() + std::chrono::milliseconds(100)), started);
+    if (!started() && caller_gone && caller_gone()) {
+      gone = true;
+      break;
+    }
+  }
   auto mine = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& w) {
     return w.join_order == join_order;
   });
@@ -216,8 +226,14 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
       fail_locked("rendezvous timed out after " +
                   std::to_string(options_.rendezvous_timeout.count() / 1000.0).substr(0, 5) +
                   " s: " + who_joined_locked());
-    } else {  // this caller gave up: take it off the list
-      if (mine != workers_.end()) workers_.erase(mine);
+    } else {  // this caller gave up or went away: take it off the list
+      if (mine != workers_.end()) {
+        spdlog::warn("coordinator: {} pid {} {} before the job started: its place is free again "
+                     "({} of {} joined)", mine->host, mine->pid,
+                     gone ? "went away (its Join was cancelled)" : "gave up waiting",
+                     workers_.size() - 1, options_.world_size);
+        workers_.erase(mine);
+      }
       return {grpc::StatusCode::DEADLINE_EXCEEDED, "gave up waiting for the other workers"};
     }
   }

@@ -70,8 +70,11 @@ class JobState {
   // job is full; fills `reply`. Errors carry the gRPC status the issue
   // names: RESOURCE_EXHAUSTED (full), FAILED_PRECONDITION (API version,
   // duplicate claim), NOT_FOUND (run id), DEADLINE_EXCEEDED (rendezvous).
+  // A caller for whom `caller_gone` turns true while it waits (its call was
+  // cancelled: the worker died) is taken off the list: its place is free.
   grpc::Status join(const v1::JoinRequest& request, const std::string& peer,
-                    Clock::time_point give_up, v1::JoinReply* reply);
+                    Clock::time_point give_up, v1::JoinReply* reply,
+                    const std::function<bool()>& caller_gone = {});
   grpc::Status heartbeat(const v1::HeartbeatRequest& request, v1::HeartbeatReply* reply);
   grpc::Status report(const v1::ReportRequest& request);
   void status(v1::StatusReply* reply) const;

@@ -88,6 +88,27 @@ TEST(CoordinatorFaults, WorkersStopThemselvesWhenTheCoordinatorDies) {
   EXPECT_FALSE(alive(b.pid()));
 }
 
+TEST(CoordinatorFaults, AWorkerKilledWhileWaitingInJoinFreesItsPlace) {
+  TempDir dir;
+  Cluster cluster(dir, {"job.steps=30", "fault.heartbeat_s=0.2"});
+  auto& lost = cluster.add_worker();
+  ASSERT_TRUE(cluster.coordinator->wait_for_output("join 1 of 2", 30)) << cluster.coordinator->output();
+  const pid_t lost_pid = lost.pid();
+  lost.kill_group();
+  EXPECT_TRUE(cluster.coordinator->wait_for_output("went away (its Join was cancelled) before the job "
+                                                   "started: its place is free again (0 of 2 joined)", 10))
+      << cluster.coordinator->output();
+  EXPECT_EQ(cluster.status().joined(), 0);
+  auto& a = cluster.add_worker();
+  auto& b = cluster.add_worker();
+  EXPECT_EQ(cluster.coordinator->wait(90), 0) << cluster.coordinator->output();
+  EXPECT_EQ(a.wait(30), 0) << a.output();
+  EXPECT_EQ(b.wait(30), 0) << b.output();
+  auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "completed");
+  for (const auto& w : manifest["coordinator"]["workers"]) EXPECT_NE(w["pid"], lost_pid) << w.dump();
+}
+
 TEST(CoordinatorFaults, BadClientsAreRefusedAndTheJobGoesOn) {
   TempDir dir;
   Cluster cluster(dir, {"job.steps=100000", "fault.heartbeat_s=0.5"});
