@@ -310,6 +310,9 @@ void CoordinatorServer::start() {
     // every worker gets at Join: one that reads the same in its own run
     // folder shares this one; the others send their files at the end.
     RunFolder folder(options_.run_dir, job_.run_id);
+    // One writer per run folder: a second coordinator (a --resume of a run
+    // that still runs) would interleave both runs' evidence.
+    folder_lock_ = std::make_unique<RunFolderLock>(folder.path());
     folder.create();
     job_.audit_log = folder.file("audit.jsonl");
     job_.folder_marker = job_.run_id + " " + random_hex(16);

@@ -18,6 +18,8 @@ class Server;
 
 namespace lockstep {
 
+class RunFolderLock;
+
 // The exit status of a job stopped on request, to be resumed (sysexits'
 // EX_TEMPFAIL: "try again later").
 constexpr int kExitStopped = 75;
@@ -69,6 +71,7 @@ class CoordinatorServer {
   std::unique_ptr<JobState> state_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<RunFolderLock> folder_lock_;  // held while this coordinator writes the run folder
   std::thread monitor_;
   std::atomic<bool> stopping_{false};
   int port_ = 0;

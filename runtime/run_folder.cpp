@@ -1,6 +1,7 @@
 #include "runtime/run_folder.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -95,6 +96,39 @@ std::string read_text_file(const std::string& path, const std::string& what, siz
   if (text.size() > max_bytes)
     throw InputError(what + " " + path + ": grew past " + std::to_string(max_bytes) + " bytes while read");
   return text;
+}
+
+RunFolderLock::RunFolderLock(const std::string& folder) {
+  std::error_code ignored;
+  std::filesystem::create_directories(folder, ignored);
+  const std::string path = folder + "/.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw InputError("run folder " + folder + ": cannot open its lock " + path + " (" + std::strerror(errno) + ")");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    char owner[256] = {0};
+    const ssize_t n = ::pread(fd_, owner, sizeof owner - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    std::string holder = n > 0 ? std::string(owner, size_t(n)) : std::string("another process");
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    if (error == EWOULDBLOCK)
+      throw InputError("run folder " + folder + " is in use: " + holder +
+                       " is writing it; wait for that run to end (or stop it) before resuming it, or "
+                       "choose another folder");
+    throw InputError("run folder " + folder + ": cannot lock " + path + " (" + std::strerror(error) + ")");
+  }
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::string me = std::string("host ") + host + " pid " + std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) != ssize_t(me.size())) {
+    // The lock holds without the note; only the message for a second writer is poorer.
+  }
+}
+
+RunFolderLock::~RunFolderLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 
 RunFolder::RunFolder(const std::string& root, const std::string& run_id)

@@ -44,6 +44,22 @@ class RunFolder {
   std::string run_id_;
 };
 
+// The one writer of a run folder: an advisory lock (flock) on
+// <folder>/.lock, which names its holder (host and pid), held until this
+// object goes (or its process ends: a killed writer leaves no stale lock).
+class RunFolderLock {
+ public:
+  // Creates the folder if needed and takes the lock. Throws InputError
+  // naming the holder when another process has it.
+  explicit RunFolderLock(const std::string& folder);
+  ~RunFolderLock();
+  RunFolderLock(const RunFolderLock&) = delete;
+  RunFolderLock& operator=(const RunFolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // Appends JSON lines to a file. Not thread-safe.
 class EventWriter {
  public:

@@ -320,6 +320,36 @@ TEST_F(TamperedEvidence, WrongTypesFoldersAndPipesAreNamedNotHung) {
   EXPECT_NE(result.output.find("audit-rank1.jsonl: not a regular file"), std::string::npos) << result.output;
 }
 
+TEST(Hardening, ASecondWriterOnALiveRunFolderIsRefusedNamingTheOwner) {
+  TempDir dir;
+  LockstepProcess first(synthetic_run(dir, 2, {"job.steps=400", "checkpoint.every=20", "audit.every=20",
+                                               "fault.heartbeat_s=0.2"}), dir.path());
+  ASSERT_TRUE(first.wait_for_output("step 40/", 60)) << first.output();
+  const std::string folder = single_run(dir.path() + "/runs");
+  const std::string manifest_before = [&] {
+    std::ifstream in(folder + "/manifest.json");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  auto second = run_lockstep({"run", examples_dir() + "/synthetic.toml", "--nproc", "2", "--resume", folder},
+                             dir.path(), 60);
+  EXPECT_EQ(second.exit_code, 2) << second.output;
+  EXPECT_NE(second.output.find("run folder " + folder + " is in use: host "), std::string::npos) << second.output;
+  EXPECT_NE(second.output.find("pid " + std::to_string(first.pid()) + " is writing it"), std::string::npos)
+      << second.output;
+  {  // the refused writer changed nothing
+    std::ifstream in(folder + "/manifest.json");
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), manifest_before);
+  }
+  EXPECT_EQ(first.wait(120), 0) << first.output();
+  EXPECT_EQ(read_json(folder + "/manifest.json")["status"], "completed");
+  auto audit = run_lockstep({"audit", folder}, dir.path(), 30);
+  EXPECT_EQ(audit.exit_code, 0) << audit.output;
+  // Once the writer has ended, the folder is free: resuming it is allowed.
+  auto later = run_lockstep({"run", examples_dir() + "/synthetic.toml", "--nproc", "2", "--resume", folder,
+                             "--set", "job.steps=420"}, dir.path(), 120);
+  EXPECT_EQ(later.exit_code, 0) << later.output;
+}
+
 TEST(Hardening, ShortWhitespaceAndNonFileTokensAreBadInputAndNeverShown) {
   TempDir dir;
   const std::string job = examples_dir() + "/synthetic.toml";
