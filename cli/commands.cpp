@@ -19,6 +19,7 @@
 #include "cli/launcher.h"
 #include "lockstep/build_config.h"
 #include "coordinator/coordinator.h"
+#include "coordinator/endpoint_checks.h"
 #include "runtime/audit_report.h"
 #include "runtime/dataset.h"
 #include "runtime/errors.h"
@@ -37,6 +38,12 @@ namespace {
 using std::chrono::milliseconds;
 
 milliseconds to_ms(double seconds) { return milliseconds(int64_t(seconds * 1000.0)); }
+
+// --coordinator and --tls-ca, checked before dialling.
+void check_connection(const ConnectionFlags& connection) {
+  check_host_port(connection.coordinator, "--coordinator", /*must_resolve=*/false);
+  if (!connection.tls_ca.empty()) check_tls_ca(connection.tls_ca);
+}
 
 // --token-file, else LOCKSTEP_TOKEN; neither is bad input.
 std::string resolve_token(const std::string& token_file) {
@@ -57,7 +64,10 @@ int env_int(const char* name, int fallback) {
   const char* text = std::getenv(name);
   if (!text || !*text) return fallback;
   try {
-    return std::stoi(text);
+    size_t used = 0;
+    const int value = std::stoi(text, &used);
+    if (used != std::strlen(text)) throw std::invalid_argument("trailing characters");
+    return value;
   } catch (const std::exception&) {
     throw InputError("environment variable " + std::string(name) + " = '" + text +
                      "' must be an integer");
@@ -83,7 +93,9 @@ JobStateOptions job_options(const JobConfig& config, const std::string& run_id) 
 // model name, data files.
 JobConfig checked_job(const std::string& job_file, const std::vector<std::string>& overrides) {
   JobConfig config = load_job_config(job_file, overrides);
-  ModelRegistry::with_builtins().build(config.model);  // an unknown model is bad input
+  // An unknown model, or fault.inject / precision.fp32_modules naming what
+  // the model lacks, is bad input before any process starts.
+  check_injected_faults(config, ModelRegistry::with_builtins());
   check_machine_request(config);                       // device = gpu on a CPU build, ...
   return config;
 }
@@ -242,10 +254,10 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
   options.tls_cert_file = serve.tls_cert;
   options.tls_key_file = serve.tls_key;
   options.run_dir = config.job.run_dir;
-  if (!serve.tls_cert.empty()) {  // unreadable files are bad input, before anything listens
-    read_secret_file(serve.tls_cert, "--tls-cert");
-    read_secret_file(serve.tls_key, "--tls-key");
-  }
+  // Bad input before anything listens: the address, and TLS files that are
+  // not what they claim to be.
+  check_host_port(serve.listen, "--listen");
+  if (!serve.tls_cert.empty()) check_tls_pair(serve.tls_cert, serve.tls_key);
 
   const std::string& run_id = serve.run_id;
   if (!run_id.empty() && (run_id.find_first_of("/\\") != std::string::npos || run_id == "." ||
@@ -430,6 +442,12 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
   if (!job_file.empty() || !overrides.empty())
     throw InputError("with --coordinator the job comes from the coordinator: drop the job file "
                      "and --set");
+  // The host's settings are bad input before anything is dialled.
+  for (const char* name : {"RANK", "LOCAL_RANK"})
+    if (env_int(name, 0) < 0)
+      throw InputError("environment variable " + std::string(name) + " = '" + std::getenv(name) +
+                       "' must be 0 or more");
+  check_connection(connection);
   CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
                             connection.tls_ca});
   // SIGUSR1 (Slurm's --signal=USR1@T, sent to the tasks): every rank stops
@@ -504,6 +522,7 @@ nlohmann::json status_json(const v1::StatusReply& reply) {
 }
 
 int status_command(const ConnectionFlags& connection, bool json) {
+  check_connection(connection);
   CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
                             connection.tls_ca});
   v1::StatusReply reply;

@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libtorch-dev libgloo-dev
   libopenblas0-pthread
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
   dataset-fashion-mnist openssl

@@ -81,14 +81,13 @@ const std::vector<KeySpec>& schema() {
       {"comm.overlap", Kind::kBool, LOCKSTEP_FIELD(comm.overlap)},
       {"comm.unused_parameters", Kind::kString, LOCKSTEP_FIELD(comm.unused_parameters), -kInf,
        kInf, false, {"error", "zero"}},
-      {"comm.barrier_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.barrier_timeout_s), 0, 86400,
-       true},
-      {"comm.collective_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.collective_timeout_s), 0,
-       86400, true},
+      {"comm.barrier_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.barrier_timeout_s), 0.001, 86400},
+      {"comm.collective_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.collective_timeout_s), 0.001,
+       86400},
       {"comm.interface", Kind::kString, LOCKSTEP_FIELD(comm.interface), -kInf, kInf, false, {},
        true},
-      {"comm.rendezvous_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.rendezvous_timeout_s), 0,
-       86400, true},
+      {"comm.rendezvous_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.rendezvous_timeout_s), 0.001,
+       86400},
       {"audit.every", Kind::kInt, LOCKSTEP_FIELD(audit.every), 0, 1e12},
       {"audit.policy", Kind::kString, LOCKSTEP_FIELD(audit.policy), -kInf, kInf, false,
        {"warn", "fail", "resync"}},
@@ -100,9 +99,9 @@ const std::vector<KeySpec>& schema() {
        {}, true},
       {"fault.max_restarts", Kind::kInt, LOCKSTEP_FIELD(fault.max_restarts), 0, 1000},
       {"fault.inject", Kind::kString, LOCKSTEP_FIELD(fault.inject), -kInf, kInf, false, {}, true},
-      {"fault.heartbeat_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_s), 0, 3600, true},
-      {"fault.heartbeat_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_timeout_s), 0,
-       86400, true},
+      {"fault.heartbeat_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_s), 0.001, 3600},
+      {"fault.heartbeat_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_timeout_s), 0.001,
+       86400},
       {"device", Kind::kString, LOCKSTEP_FIELD(device), -kInf, kInf, false,
        {"auto", "cpu", "gpu"}},
       {"precision.dtype", Kind::kString, LOCKSTEP_FIELD(precision.dtype), -kInf, kInf, false,
@@ -386,6 +385,19 @@ void validate(const JobConfig& config) {
   rank_key("test.fail_rank", config.test.fail_rank);
   for (const auto& fault : parse_injected_faults(config.fault.inject))
     rank_key("fault.inject", fault.rank);
+  // Periods and timeouts shorter than a millisecond (0.001 s) are refused by
+  // their ranges above: they would round to 0 ms, which c10d reads as "no
+  // timeout", or spin a loop.
+  if (config.fault.heartbeat_timeout_s <= config.fault.heartbeat_s)
+    throw InputError("fault.heartbeat_timeout_s = " + format_number(config.fault.heartbeat_timeout_s) +
+                     " must be above fault.heartbeat_s = " + format_number(config.fault.heartbeat_s) +
+                     ": otherwise every healthy rank is declared dead between two heartbeats "
+                     "(a few heartbeats, e.g. 10 x fault.heartbeat_s, is usual)");
+  if (job.name.empty() || job.name.size() > 100 ||
+      job.name.find_first_of("/\\") != std::string::npos || job.name == "." || job.name == "..")
+    throw InputError("job.name '" + job.name.substr(0, 120) + (job.name.size() > 120 ? "…" : "") +
+                     "': it names the run's folder, so 1 to 100 characters without '/' (now " +
+                     std::to_string(job.name.size()) + ")");
   if (config.data.name != "synthetic" && config.data.missing_targets > 0)
     throw InputError("key 'data.missing_targets' applies to data.name = synthetic only (now " +
                      config.data.name + ")");

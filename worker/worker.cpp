@@ -53,8 +53,8 @@ void warn_test_switches(const JobConfig& config, DecisionLog& log) {
                    std::to_string(config.test.fail_step), /*warn=*/true);
 }
 
-// fault.inject must name tensors the model has, precision.fp32_modules its
-// modules; checked before anything starts.
+}  // namespace
+
 void check_injected_faults(const JobConfig& config, const ModelRegistry& registry) {
   auto model = registry.build(config.model);  // throws InputError for an unknown name
   model->set_fp32_modules(split_names(config.precision.fp32_modules));
@@ -70,6 +70,8 @@ void check_injected_faults(const JobConfig& config, const ModelRegistry& registr
                        config.model.name + " does not have (it has: " + names + ")");
   }
 }
+
+namespace {
 
 // Checkpoints are written by rank 0 (model, optimizer) and by every rank
 // (its random generator) into one folder that every rank must read back on

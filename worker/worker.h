@@ -37,6 +37,10 @@ struct WorkerSummary {
 // Runs the job to the end on this rank. Throws InputError for bad input
 // (before any process group exists) and RunError when the run fails; rank 0
 // then marks manifest.json as failed with the reason.
+// fault.inject must name tensors the model has, precision.fp32_modules its
+// modules. Throws InputError (an unknown model.name too).
+void check_injected_faults(const JobConfig& config, const ModelRegistry& registry);
+
 WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const ModelRegistry& registry,
                 const WorkerOptions& options);
 
