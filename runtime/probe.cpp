@@ -284,7 +284,7 @@ ProbeTable load_or_run_probe(const std::string& executable, bool force, std::str
       if (why) *why = "cached in " + path + " (measured " + cached.value("measured_at", "?") + ")";
       return ProbeTable::from_json(cached);
     }
-    reason = cached.is_discarded() ? "the cache " + path + " is not JSON"
+    reason = !cached.is_object() ? "the cache " + path + " is not a probe table"
                                    : "the fingerprint changed (" +
                                          fingerprint_change(cached.value("fingerprint", nlohmann::json::object()), now) + ")";
   }
@@ -302,9 +302,15 @@ ProbeTable load_or_run_probe(const std::string& executable, bool force, std::str
     for (const char* dtype : {"fp32", "bf16", "fp16"})
       for (auto& row : run_candidate(executable, device, dtype)) table.rows.push_back(row);
   table.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  write_file_atomically(path, table.to_json().dump(2));
-  if (why) *why = "measured now in " + fmt::format("{:.1f}", table.seconds) + " s: " + reason +
-                  "; stored in " + path;
+  std::string stored = "stored in " + path;
+  try {
+    write_file_atomically(path, table.to_json().dump(2));
+  } catch (const std::exception& e) {
+    // The figures are good; only the next run measures again.
+    spdlog::warn("probe: the figures are used but not cached ({}); the next run measures again", e.what());
+    stored = "not cached: " + std::string(e.what());
+  }
+  if (why) *why = "measured now in " + fmt::format("{:.1f}", table.seconds) + " s: " + reason + "; " + stored;
   return table;
 }
 

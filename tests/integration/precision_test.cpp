@@ -46,6 +46,16 @@ TEST(Precision, AutoDecidesDeviceAndPrecisionAndSaysWhy) {
   }
 }
 
+TEST(Precision, AnUnwritableProbeCacheUsesTheFiguresAndSaysTheyWereNotCached) {
+  TempDir dir;
+  std::ofstream(dir.path() + "/a-file") << "not a folder\n";
+  const std::string cache = dir.path() + "/a-file/cache";  // cannot be made
+  auto result = run_lockstep({"probe", "--json"}, dir.path(), 120, {"LOCKSTEP_CACHE_DIR=" + cache});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("the figures are used but not cached"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("\"tflops\""), std::string::npos) << result.output;
+}
+
 double accuracy_of(const std::string& precision, double* step_s) {
   TempDir dir;
   auto result = run_lockstep({"run", examples_dir() + "/fashion_mnist_cnn.toml", "--nproc", "2",
