@@ -1,6 +1,7 @@
 #include "runtime/checkpoint.h"
 
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -84,18 +85,8 @@ std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& conf
     return std::nullopt;
   }
   const nlohmann::json& meta = found->meta;
-  auto must_match = [&](const std::string& key, const nlohmann::json& now, const char* field) {
-    if (meta.contains(field) && meta[field] != now)
-      throw InputError(what + ": " + key + " was " + meta[field].dump() +
-                       " in the checkpointed run and is " + now.dump() + " now; a resumed run " +
-                       "must keep it (set it back, or start a new run)");
-  };
-  must_match("model.name", config.model.name, "model");
-  must_match("job.world_size", world_size, "world_size");
-  must_match("job.seed", config.job.seed, "seed");
-  must_match("data.batch_size", config.data.batch_size, "batch_size");
-  must_match("train.accum_steps", config.train.accum_steps, "accum_steps");
-  must_match("optim.name", config.optim.name, "optimizer");
+  if (const std::string conflict = resume_conflict(meta, config, world_size); !conflict.empty())
+    throw InputError(what + ": " + conflict);
   // Everything else may change (eval.every, logging, the step count, ...):
   // said out loud, so that a different result can be traced to it.
   if (meta.contains("settings")) {
@@ -108,6 +99,10 @@ std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& conf
     for (const auto& text : effective_settings(config)) {
       const std::string key = text.substr(0, text.find('=')), value = text.substr(text.find('=') + 1);
       if (key == "checkpoint.resume" || !before.count(key) || before[key] == value) continue;
+      // The same folder, written relative once and absolute now, is no change.
+      if (key == "job.run_dir" && std::filesystem::absolute(before[key]).lexically_normal() ==
+                                      std::filesystem::absolute(value).lexically_normal())
+        continue;
       changed += (changed.empty() ? "" : ", ") + key + ": " + before[key] + " -> " + value;
     }
     if (!changed.empty())

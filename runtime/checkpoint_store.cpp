@@ -13,6 +13,21 @@
 #include "runtime/untrusted_json.h"
 
 namespace lockstep {
+
+std::string resume_conflict(const nlohmann::json& meta, const JobConfig& config, int64_t world_size) {
+  auto differs = [&](const std::string& key, const nlohmann::json& now, const char* field) -> std::string {
+    if (!meta.is_object() || !meta.contains(field) || meta[field] == now) return "";
+    return key + " was " + meta[field].dump() + " in the checkpointed run and is " + now.dump() +
+           " now; a resumed run must keep it (set it back, or start a new run)";
+  };
+  for (const std::string& conflict :
+       {differs("model.name", config.model.name, "model"), differs("job.world_size", world_size, "world_size"),
+        differs("job.seed", config.job.seed, "seed"), differs("data.batch_size", config.data.batch_size, "batch_size"),
+        differs("train.accum_steps", config.train.accum_steps, "accum_steps"),
+        differs("optim.name", config.optim.name, "optimizer")})
+    if (!conflict.empty()) return conflict;
+  return "";
+}
 namespace fs = std::filesystem;
 
 namespace {

@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/config.h"
+
 namespace lockstep {
 
 struct FoundCheckpoint {
@@ -20,6 +22,11 @@ struct FoundCheckpoint {
   std::string folder;
   nlohmann::json meta;  // what seal() was given
 };
+
+// "" when a run with `config` on `world_size` ranks may resume from a
+// checkpoint with `meta`; else which setting it must keep, with both values
+// (model, world size, seed, batch size, accumulation, optimizer).
+std::string resume_conflict(const nlohmann::json& meta, const JobConfig& config, int64_t world_size);
 
 class CheckpointStore {
  public:

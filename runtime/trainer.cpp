@@ -164,6 +164,14 @@ TrainingResult train(TrainerParts parts) {
   BatchStream batches(parts.data.train, parts.rank, parts.world_size, uint64_t(config.job.seed),
                       config.data.batch_size, int(config.data.prefetch), microbatches_done);
   const int64_t steps = total_steps(config, batches.batches_per_epoch());
+  if (parts.resume && first_step > steps)
+    throw InputError("the checkpoint to resume is at step " + std::to_string(first_step) + ", past the " +
+                     std::to_string(steps) + " steps this job trains (job.steps / job.epochs); give more "
+                     "to train further");
+  if (parts.resume && first_step == steps && parts.rank == 0)
+    parts.decisions.record("train", "nothing left",
+                           "the checkpoint to resume is at step " + std::to_string(first_step) +
+                               ", the job's last: the run was already complete", /*warn=*/true);
   optim::ScheduleSpec schedule{config.optim.lr, config.optim.warmup_steps, steps,
                                config.optim.schedule};
   if (parts.rank == 0)

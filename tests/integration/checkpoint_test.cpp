@@ -17,6 +17,8 @@
 namespace lockstep::testing {
 namespace {
 
+namespace fs = std::filesystem;
+
 TEST(Checkpoints, EveryNStepsAndAtTheEndKeepingTheNewest) {
   TempDir dir;
   auto result = run_lockstep(synthetic_run(dir, 2, {"job.steps=25", "checkpoint.every=10",
@@ -94,6 +96,48 @@ TEST(Checkpoints, ResumedRunEndsWithTheUninterruptedRunsDigest) {
   }
 }
 
+// --resume continues the run it resumes: its settings come from the
+// checkpoint (nothing has to be repeated), a step count at or before the
+// checkpoint is said (done, or bad input), and job.run_dir written relative
+// then absolute is no change.
+TEST(Checkpoints, ResumeTakesTheCheckpointsSettingsAndSaysWhenNothingIsLeft) {
+  TempDir dir;
+  const std::vector<std::string> first = {"run", examples_dir() + "/synthetic.toml", "--nproc", "2",
+                                          "--set", "job.run_dir=runs", "--set", "job.steps=10",
+                                          "--set", "checkpoint.every=5", "--set", "optim.lr=0.0123"};
+  ASSERT_EQ(run_lockstep(first, dir.path(), 120).exit_code, 0);
+  const std::string run = single_run(dir.path() + "/runs");
+  const std::string manifest_before = read_json(run + "/manifest.json").dump();
+  auto resume = [&](std::vector<std::string> sets) {
+    std::vector<std::string> args = {"run", examples_dir() + "/synthetic.toml", "--nproc", "2", "--resume", run};
+    for (auto& s : sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    return run_lockstep(args, dir.path(), 120);
+  };
+  auto past = resume({"job.steps=5"});
+  EXPECT_EQ(past.exit_code, 2) << past.output;
+  EXPECT_NE(past.output.find("the newest checkpoint is at step 10, past job.steps = 5"), std::string::npos)
+      << past.output;
+  auto done = resume({});
+  EXPECT_EQ(done.exit_code, 0) << done.output;
+  EXPECT_NE(done.output.find("Decision: resume = nothing to train (run " + fs::path(run).filename().string() +
+                             " is already complete"), std::string::npos) << done.output;
+  EXPECT_EQ(read_json(run + "/manifest.json").dump(), manifest_before) << "nothing was to be written";
+
+  auto further = resume({"job.steps=14"});
+  ASSERT_EQ(further.exit_code, 0) << further.output;
+  EXPECT_NE(further.output.find("Decision: resume_settings = those stored in the checkpoint of step 10"),
+            std::string::npos) << further.output;
+  EXPECT_NE(further.output.find("resume_settings_changed = job.steps: 10 -> 14"), std::string::npos)
+      << further.output;
+  EXPECT_EQ(further.output.find("optim.lr: "), std::string::npos) << "optim.lr had to be repeated";
+  EXPECT_EQ(further.output.find("job.run_dir: "), std::string::npos) << "the same folder counted as a change";
+  auto manifest = read_json(run + "/manifest.json");
+  EXPECT_EQ(manifest["metrics"]["steps"], 14);
+}
+
 // The gradient scaler's state travels in the checkpoint: a run stopped after
 // a skipped step and resumed ends with the uninterrupted run's scale, skip
 // count and parameters.
@@ -150,7 +194,7 @@ TEST(Checkpoints, CorruptedNewestFallsBackAndUnusableOnesAreBadInput) {
   EXPECT_EQ(changed.exit_code, 2) << changed.output;
   EXPECT_NE(changed.output.find("data.batch_size was 32 in the checkpointed run and is 16 now"), std::string::npos) << changed.output;
 
-  auto resumed = resume({});
+  auto resumed = resume({"checkpoint.keep=2"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resume_checkpoint = step 4"), std::string::npos) << resumed.output;
   EXPECT_NE(resumed.output.find("step-000000008/model.pt: checksum"), std::string::npos)
@@ -165,10 +209,12 @@ TEST(Checkpoints, CorruptedNewestFallsBackAndUnusableOnesAreBadInput) {
 
   for (int64_t step : CheckpointStore(run + "/checkpoints").steps())
     std::filesystem::resize_file(store.step_folder(step) + "/optimizer.bin", 3);
+  const std::string manifest_before = read_json(run + "/manifest.json").dump();
   auto none = resume({});
   EXPECT_EQ(none.exit_code, 2) << none.output;
   EXPECT_NE(none.output.find("no complete checkpoint that verifies"), std::string::npos)
       << none.output;
+  EXPECT_EQ(read_json(run + "/manifest.json").dump(), manifest_before) << "a refused resume wrote into the run";
 }
 
 }  // namespace
