@@ -360,11 +360,22 @@ int CoordinatorServer::wait(std::chrono::milliseconds tell_grace) {
     // a few heartbeat periods to hear it before the server goes away.
     state_->wait_until_told(tell_grace);
   }
-  write_manifest();
+  bool manifest_written = true;
+  try {
+    write_manifest();
+  } catch (const std::exception& e) {
+    spdlog::error("coordinator: could not write the run's manifest: {}", e.what());
+    manifest_written = false;
+  }
   stopping_ = true;
   if (monitor_.joinable()) monitor_.join();
   service_->store_.close();
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (!manifest_written && (completed || stopped)) {
+    spdlog::error("coordinator: run {} trained to its end but its record is incomplete (see above): "
+                  "exit 1", job_.run_id);
+    return 1;
+  }
   if (completed && state_->first_drift_step() >= 0) {
     spdlog::error("coordinator: run {} completed_with_drift: {} (the audit policy kept it training); "
                   "exit {}; details: lockstep audit {}", job_.run_id, state_->drift_summary(),

@@ -391,7 +391,12 @@ void JobState::record_audits_locked(int rank, std::vector<nlohmann::json>& audit
       audit_log_ = std::make_unique<EventWriter>(options_.audit_log);
     }
     audit["reported_by_rank"] = rank;
-    audit_log_->write(audit);
+    try {
+      audit_log_->write(audit);
+    } catch (const std::exception& e) {  // the job goes on; its record has a gap, said once
+      if (!audit_log_failed_) spdlog::error("coordinator: {} (later audits are not recorded there)", e.what());
+      audit_log_failed_ = true;
+    }
   }
 }
 

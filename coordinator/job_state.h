@@ -182,6 +182,7 @@ class JobState {
   int64_t first_drift_step_ = -1;       // the first audit that found the ranks apart; guarded by mutex_
   int64_t drifted_audits_ = 0;          // guarded by mutex_
   int64_t audits_ = 0;                  // audited steps heard of; guarded by mutex_
+  bool audit_log_failed_ = false;       // audit.jsonl could not be written; guarded by mutex_
   std::unique_ptr<EventWriter> audit_log_;  // guarded by mutex_; opened at the first audit
 };
 

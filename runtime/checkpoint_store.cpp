@@ -122,7 +122,30 @@ std::string CheckpointStore::verify(int64_t step, nlohmann::json* index) const {
     *index = parse_untrusted_json(read_bytes(index_path), &why);
     if (index->is_discarded() || !index->is_object() || !index->contains("files") || !(*index)["files"].is_object())
       return index_path + ": not a checkpoint index (" + (why.empty() ? "no files object" : why) + ")";
-    for (const auto& [name, expected] : (*index)["files"].items()) {
+    const nlohmann::json& files = (*index)["files"];
+    // Every file the loader reads is listed (an index that lost an entry
+    // would pass the loop below and fail at the load), and so is every file
+    // in the folder.
+    // (A training checkpoint's meta names its ranks; other users of the
+    // store list what they like.)
+    std::vector<std::string> required;
+    const nlohmann::json meta = index->value("meta", nlohmann::json::object());
+    if (meta.is_object() && meta.contains("ranks") && meta["ranks"].is_number_integer()) {
+      required = {"model.pt", "optimizer.bin"};
+      for (int64_t r = 0; r < meta["ranks"].get<int64_t>() && r < 65536; ++r)
+        required.push_back("rng-rank" + std::to_string(r) + ".bin");
+    }
+    for (const auto& name : required)
+      if (!files.contains(name))
+        return index_path + ": lists no " + name + ", which resuming reads (a damaged index)";
+    for (const auto& entry : fs::directory_iterator(folder)) {
+      const std::string name = entry.path().filename().string();
+      if (name != kIndex && name.find(".tmp.") == std::string::npos && !files.contains(name))
+        return folder + "/" + name + ": not in the index (a damaged index, or a file that does not belong)";
+    }
+    for (const auto& [name, expected] : files.items()) {
+      if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+        return index_path + ": lists '" + name + "', which is not a file of this folder";
       std::string bytes;
       const std::string problem = check_file(folder + "/" + name, expected, &bytes);
       if (!problem.empty()) return problem;

@@ -15,36 +15,6 @@ namespace {
 constexpr double kFashionMean = 0.2860;
 constexpr double kFashionStd = 0.3530;
 
-std::vector<uint8_t> read_gzip(const std::string& path) {
-  struct stat info {};
-  if (::stat(path.c_str(), &info) != 0)
-    throw InputError(path + ": file not found (data.path must hold the Fashion-MNIST IDX .gz "
-                            "files; Debian's dataset-fashion-mnist installs them under "
-                            "/usr/share/datasets/fashion-mnist)");
-  gzFile file = gzopen(path.c_str(), "rb");
-  if (!file) throw InputError(path + ": cannot open for reading");
-  std::vector<uint8_t> bytes;
-  std::vector<uint8_t> chunk(1 << 20);
-  while (true) {
-    int n = gzread(file, chunk.data(), unsigned(chunk.size()));
-    if (n < 0) {
-      int code = 0;
-      std::string message = gzerror(file, &code);
-      gzclose(file);
-      throw InputError(path + ": corrupt or truncated gzip data (" + message + ")");
-    }
-    if (n == 0) break;
-    bytes.insert(bytes.end(), chunk.begin(), chunk.begin() + n);
-  }
-  int code = 0;
-  const char* message = gzerror(file, &code);
-  std::string error_text = message ? message : "";
-  gzclose(file);
-  if (code != Z_OK && code != Z_STREAM_END)
-    throw InputError(path + ": corrupt or truncated gzip data (" + error_text + ")");
-  return bytes;
-}
-
 uint32_t big_endian(const uint8_t* p) {
   return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | uint32_t(p[3]);
 }
@@ -52,47 +22,107 @@ uint32_t big_endian(const uint8_t* p) {
 }  // namespace
 
 at::Tensor read_idx_gz(const std::string& path, int expected_dims) {
-  std::vector<uint8_t> bytes = read_gzip(path);
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0)
+    throw InputError(path + ": file not found (data.path must hold the Fashion-MNIST IDX .gz "
+                            "files; Debian's dataset-fashion-mnist installs them under "
+                            "/usr/share/datasets/fashion-mnist)");
+  if (!S_ISREG(info.st_mode))
+    throw InputError(path + ": not a regular file (a folder, device or pipe); data files must be files");
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (!file) throw InputError(path + ": cannot open for reading");
+  struct Close {
+    gzFile f;
+    ~Close() { gzclose(f); }
+  } close{file};
+  // Reads exactly `n` bytes; false at the end of the data. Never more than
+  // asked: the header says how much there is, and no more is inflated.
+  auto read_exactly = [&](uint8_t* into, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      const unsigned ask = unsigned(std::min<size_t>(n - done, 1u << 20));
+      const int got = gzread(file, into + done, ask);
+      if (got < 0) {
+        int code = 0;
+        throw InputError(path + ": corrupt or truncated gzip data (" + gzerror(file, &code) + ")");
+      }
+      if (got == 0) {
+        int code = Z_OK;
+        const char* message = gzerror(file, &code);
+        if (code != Z_OK && code != Z_STREAM_END)  // the gzip stream itself is cut or damaged
+          throw InputError(path + ": corrupt or truncated gzip data (" + (message ? message : "?") + ")");
+        return false;
+      }
+      done += size_t(got);
+    }
+    return true;
+  };
   const uint32_t expected_magic = 0x00000800u | uint32_t(expected_dims);
   char expected_hex[16];
   std::snprintf(expected_hex, sizeof expected_hex, "0x%08x", expected_magic);
-  if (bytes.size() < 4)
-    throw InputError(path + ": too short to be an IDX file (" + std::to_string(bytes.size()) +
-                     " bytes)");
-  uint32_t magic = big_endian(bytes.data());
+  uint8_t header[4 + 4 * 3];
+  if (!read_exactly(header, 4))
+    throw InputError(path + ": too short to be an IDX file");
+  const uint32_t magic = big_endian(header);
   if (magic != expected_magic) {
     char got[16];
     std::snprintf(got, sizeof got, "0x%08x", magic);
-    throw InputError(path + ": not an IDX file of unsigned bytes with " +
-                     std::to_string(expected_dims) + " dimensions (magic " + got + ", expected " +
-                     expected_hex + ")");
+    throw InputError(path + ": not an IDX file of unsigned bytes with " + std::to_string(expected_dims) +
+                     " dimensions (magic " + got + ", expected " + expected_hex + ")");
   }
-  size_t header = 4 + 4 * size_t(expected_dims);
-  if (bytes.size() < header)
-    throw InputError(path + ": truncated IDX header");
+  if (!read_exactly(header + 4, 4 * size_t(expected_dims))) throw InputError(path + ": truncated IDX header");
+  // The promised size, checked against a bound before anything is
+  // allocated: 2^31 x 2^31 x 4 must not wrap around to something small.
+  constexpr uint64_t kMaxBytes = uint64_t(4) << 30;
   std::vector<int64_t> shape;
-  size_t expected_bytes = 1;
+  uint64_t expected_bytes = 1;
   for (int d = 0; d < expected_dims; ++d) {
-    shape.push_back(big_endian(bytes.data() + 4 + 4 * d));
-    expected_bytes *= size_t(shape.back());
+    const uint64_t extent = big_endian(header + 4 + 4 * d);
+    shape.push_back(int64_t(extent));
+    if (extent != 0 && expected_bytes > kMaxBytes / extent)
+      throw InputError(path + ": the header promises more than 4 GiB of data (shape " +
+                       std::to_string(shape[0]) + (expected_dims > 1 ? " x ..." : "") + "); not a dataset this reads");
+    expected_bytes *= extent;
   }
-  if (bytes.size() - header != expected_bytes)
-    throw InputError(path + ": " + (bytes.size() - header < expected_bytes ? "truncated" : "too long") +
-                     ": the header promises " + std::to_string(expected_bytes) +
-                     " bytes of data, the file holds " + std::to_string(bytes.size() - header));
+  if (shape[0] == 0) throw InputError(path + ": the header says it holds 0 items");
   auto tensor = torch::empty(shape, torch::kUInt8);
-  std::memcpy(tensor.data_ptr<uint8_t>(), bytes.data() + header, expected_bytes);
+  if (!read_exactly(tensor.data_ptr<uint8_t>(), size_t(expected_bytes))) {
+    throw InputError(path + ": truncated: the header promises " + std::to_string(expected_bytes) +
+                     " bytes of data, the file holds fewer");
+  }
+  uint8_t extra = 0;
+  if (read_exactly(&extra, 1))
+    throw InputError(path + ": too long: the header promises " + std::to_string(expected_bytes) +
+                     " bytes of data, the file holds more");
   return tensor;
 }
+
+namespace {
+
+// Checks what the models can take: 28 x 28 images, labels 0..9, as many of
+// each. Throws InputError naming the folder.
+void check_images_and_labels(const std::string& dir, const std::string& prefix, const at::Tensor& images,
+                             const at::Tensor& labels) {
+  if (images.size(0) != labels.size(0))
+    throw InputError(dir + ": " + prefix + " images (" + std::to_string(images.size(0)) + ") and labels (" +
+                     std::to_string(labels.size(0)) + ") differ in count");
+  if (images.size(1) != 28 || images.size(2) != 28)
+    throw InputError(dir + ": " + prefix + " images are " + std::to_string(images.size(1)) + " x " +
+                     std::to_string(images.size(2)) + "; the models take 28 x 28 (Fashion-MNIST)");
+  const int64_t top = labels.max().item<int64_t>();
+  if (top > 9)
+    throw InputError(dir + ": " + prefix + " labels hold " + std::to_string(top) +
+                     "; Fashion-MNIST has classes 0 to 9");
+}
+
+}  // namespace
 
 TrainTestData load_fashion_mnist(const std::string& dir) {
   check_data_files(DataSection{"fashion-mnist", dir});
   auto load = [&](const std::string& prefix) {
     at::Tensor raw_images = read_idx_gz(dir + "/" + prefix + "-images-idx3-ubyte.gz", 3);
     at::Tensor raw_labels = read_idx_gz(dir + "/" + prefix + "-labels-idx1-ubyte.gz", 1);
-    if (raw_images.size(0) != raw_labels.size(0))
-      throw InputError(dir + ": " + prefix + " images (" + std::to_string(raw_images.size(0)) +
-                       ") and labels (" + std::to_string(raw_labels.size(0)) + ") differ in count");
+    check_images_and_labels(dir, prefix, raw_images, raw_labels);
     Dataset set;
     set.images = raw_images.to(torch::kFloat32)
                      .div_(255.0)
@@ -147,10 +177,9 @@ void check_data_files(const DataSection& data) {
 void validate_data_files(const DataSection& data) {
   check_data_files(data);
   if (data.name != "fashion-mnist") return;
-  for (const char* prefix : {"train", "t10k"}) {
-    read_idx_gz(data.path + "/" + prefix + "-images-idx3-ubyte.gz", 3);
-    read_idx_gz(data.path + "/" + prefix + "-labels-idx1-ubyte.gz", 1);
-  }
+  for (const char* prefix : {"train", "t10k"})
+    check_images_and_labels(data.path, prefix, read_idx_gz(data.path + "/" + prefix + "-images-idx3-ubyte.gz", 3),
+                            read_idx_gz(data.path + "/" + prefix + "-labels-idx1-ubyte.gz", 1));
 }
 
 TrainTestData load_data(const DataSection& data, uint64_t seed) {

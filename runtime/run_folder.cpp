@@ -54,21 +54,30 @@ std::string utc_timestamp() {
 
 void write_file_atomically(const std::string& path, const std::string& contents) {
   const std::string temp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw RunError("cannot write " + temp + ": " + std::strerror(errno));
+  // Any failure (a full disk shows at write, fsync or close) removes the
+  // temporary and names the file that could not be written; the old file,
+  // if any, stays as it was.
+  auto fail = [&](int fd, int error) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(temp.c_str());
+    throw RunError("cannot write " + path + ": " + std::strerror(error));
+  };
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail(-1, errno);
   size_t done = 0;
   while (done < contents.size()) {
     ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0) {
-      ::close(fd);
-      throw RunError("cannot write " + temp + ": " + std::strerror(errno));
-    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(fd, errno);
     done += size_t(n);
   }
-  ::fsync(fd);
-  ::close(fd);
-  if (::rename(temp.c_str(), path.c_str()) != 0)
-    throw RunError("cannot rename " + temp + " to " + path + ": " + std::strerror(errno));
+  if (::fsync(fd) != 0) fail(fd, errno);
+  if (::close(fd) != 0) fail(-1, errno);
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temp.c_str());
+    throw RunError("cannot rename " + temp + " to " + path + ": " + std::strerror(error));
+  }
   std::string folder = std::filesystem::path(path).parent_path().string();
   int dir = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY);
   if (dir >= 0) {
@@ -141,10 +150,35 @@ void RunFolder::create() const {
 }
 
 void RunFolder::write_manifest(const nlohmann::json& manifest) const {
-  write_file_atomically(file("manifest.json"), manifest.dump(2) + "\n");
+  const std::string path = file("manifest.json");
+  try {
+    write_file_atomically(path, manifest.dump(2) + "\n");
+  } catch (const RunError& full) {
+    // No room for a new file (a full disk). The manifest must not go on
+    // claiming what is no longer true ("running"): its outcome, shortened,
+    // overwrites the old file in place, which needs no new blocks.
+    nlohmann::json outcome = {{"run_id", run_id_},
+                              {"status", manifest.value("status", "failed")},
+                              {"manifest_shortened", std::string("the full manifest could not be written (") +
+                                                         full.what() + ")"}};
+    if (manifest.contains("error")) outcome["error"] = manifest["error"];
+    std::string text = outcome.dump() + "\n";
+    struct stat info {};
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || ::fstat(fd, &info) != 0 || text.size() > size_t(info.st_size)) {
+      if (fd >= 0) ::close(fd);
+      throw;
+    }
+    text.resize(size_t(info.st_size) - 1, ' ');  // JSON allows trailing spaces
+    text += "\n";
+    const bool ok = ::pwrite(fd, text.data(), text.size(), 0) == ssize_t(text.size()) && ::fsync(fd) == 0;
+    ::close(fd);
+    if (!ok) throw;
+    throw RunError(std::string(full.what()) + " (manifest.json holds the outcome, shortened)");
+  }
 }
 
-EventWriter::EventWriter(const std::string& path) {
+EventWriter::EventWriter(const std::string& path) : path_(path) {
   file_ = std::fopen(path.c_str(), "a");
   if (!file_) throw RunError("cannot open " + path + " for appending: " + std::strerror(errno));
 }
@@ -157,8 +191,20 @@ void EventWriter::write(nlohmann::json event) {
   event["time"] = std::chrono::duration<double>(
                       std::chrono::system_clock::now().time_since_epoch()).count();
   std::string line = event.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), file_);
-  std::fflush(file_);
+  // A line is written whole or not at all: a failed write (a full disk) is
+  // cut back to where the line began, and reported naming the file.
+  const long before = std::ftell(file_);
+  errno = 0;
+  bool written = std::fwrite(line.data(), 1, line.size(), file_) == line.size();
+  int error = errno;
+  if (written) {
+    written = std::fflush(file_) == 0;
+    error = errno;
+  }
+  if (written) return;
+  std::clearerr(file_);
+  if (before >= 0 && ::ftruncate(::fileno(file_), before) == 0) std::fseek(file_, before, SEEK_SET);
+  throw RunError("cannot write " + path_ + ": " + std::strerror(error ? error : EIO));
 }
 
 }  // namespace lockstep

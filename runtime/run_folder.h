@@ -67,10 +67,12 @@ class EventWriter {
   ~EventWriter();
   EventWriter(const EventWriter&) = delete;
   EventWriter& operator=(const EventWriter&) = delete;
-  // Adds "time" (seconds since the epoch) and writes one line.
+  // Adds "time" (seconds since the epoch) and writes one line, whole or
+  // not at all. Throws RunError naming the file when it cannot (a full disk).
   void write(nlohmann::json event);
 
  private:
+  std::string path_;
   std::FILE* file_ = nullptr;
 };
 

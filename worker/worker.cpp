@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -267,8 +268,13 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     const bool stopped = result.stopped_at_step > 0;  // on request, to be resumed
     if (!stopped) {
       auto scope = timer.measure(Phase::kCheckpoint);
-      if (rank == 0)
-        torch::save(std::static_pointer_cast<torch::nn::Module>(model), folder.file("model-final.pt"));
+      if (rank == 0) {
+        // Serialised in memory, then written atomically: a full disk leaves
+        // no 0-byte or half model-final.pt, and the error names the file.
+        std::ostringstream bytes;
+        torch::save(std::static_pointer_cast<torch::nn::Module>(model), bytes);
+        write_file_atomically(folder.file("model-final.pt"), bytes.str());
+      }
     }
     control->barrier("end");
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() -
@@ -302,15 +308,21 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     }
     return WorkerSummary{metrics, decisions.to_json()};
   } catch (const std::exception& e) {
-    if (rank == 0) {
-      manifest.body["status"] = "failed";
-      manifest.body["error"] = e.what();
-      manifest.body["finished_at"] = utc_timestamp();
-      manifest.body["decisions"] = decisions.to_json();
-      manifest.write();
+    // Recording the failure may fail too (the disk that was full is still
+    // full): that is said, and the original error is the one that leaves.
+    try {
+      if (rank == 0) {
+        manifest.body["status"] = "failed";
+        manifest.body["error"] = e.what();
+        manifest.body["finished_at"] = utc_timestamp();
+        manifest.body["decisions"] = decisions.to_json();
+        manifest.write();
+      }
+      events.write({{"event", "failed"}, {"error", e.what()}, {"steps_done", steps_done},
+                    {"generation", options.generation}});
+    } catch (const std::exception& recording) {
+      spdlog::error("could not record the failure in the run folder: {}", recording.what());
     }
-    events.write({{"event", "failed"}, {"error", e.what()}, {"steps_done", steps_done},
-                  {"generation", options.generation}});
     throw;
   }
 }

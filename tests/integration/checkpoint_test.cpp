@@ -138,6 +138,33 @@ TEST(Checkpoints, ResumeTakesTheCheckpointsSettingsAndSaysWhenNothingIsLeft) {
   EXPECT_EQ(manifest["metrics"]["steps"], 14);
 }
 
+// An index that lost the entry of a file resuming reads is not verified:
+// the older checkpoint is used, and the damage is named.
+TEST(Checkpoints, AnIndexMissingAFileEntryFallsBackToTheOlderCheckpoint) {
+  TempDir dir;
+  auto first = run_lockstep(resumable_job(dir, "sgd", {"test.fail_rank=0", "test.fail_step=9",
+                                                       "test.fail_kind=exit", "checkpoint.keep=3"}),
+                            dir.path(), 150);
+  ASSERT_NE(first.exit_code, 0) << first.output;
+  const std::string run = single_run(dir.path() + "/runs");
+  CheckpointStore store(run + "/checkpoints");
+  ASSERT_EQ(store.steps(), (std::vector<int64_t>{4, 8}));
+  const std::string index_path = store.step_folder(8) + "/index.json";
+  auto index = read_json(index_path);
+  ASSERT_TRUE(index["files"].contains("rng-rank1.bin"));
+  index["files"].erase("rng-rank1.bin");
+  std::ofstream(index_path) << index.dump(2);
+
+  auto args = resumable_job(dir, "sgd");
+  args.push_back("--resume");
+  args.push_back(run);
+  auto resumed = run_lockstep(args, dir.path(), 150);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resume_checkpoint = step 4"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("lists no rng-rank1.bin, which resuming reads"), std::string::npos)
+      << resumed.output;
+}
+
 // The gradient scaler's state travels in the checkpoint: a run stopped after
 // a skipped step and resumed ends with the uninterrupted run's scale, skip
 // count and parameters.

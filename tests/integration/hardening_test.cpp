@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "integration/cluster.h"
+#include "runtime/checkpoint_store.h"
 
 namespace lockstep::testing {
 namespace {
@@ -348,6 +349,71 @@ TEST(Hardening, ASecondWriterOnALiveRunFolderIsRefusedNamingTheOwner) {
   auto later = run_lockstep({"run", examples_dir() + "/synthetic.toml", "--nproc", "2", "--resume", folder,
                              "--set", "job.steps=420"}, dir.path(), 120);
   EXPECT_EQ(later.exit_code, 0) << later.output;
+}
+
+// A small tmpfs mounted for one test and unmounted (lazily, so a busy one
+// goes too) whatever happens. Needs root.
+class SmallDisk {
+ public:
+  SmallDisk(const std::string& path, int64_t bytes) : path_(path) {
+    fs::create_directories(path);
+    mounted_ = std::system(("mount -t tmpfs -o size=" + std::to_string(bytes) + " lockstep-test " + path +
+                            " 2>/dev/null").c_str()) == 0;
+  }
+  ~SmallDisk() {
+    if (mounted_) (void)std::system(("umount -l " + path_).c_str());
+  }
+  bool mounted() const { return mounted_; }
+
+ private:
+  std::string path_;
+  bool mounted_ = false;
+};
+
+int64_t folder_bytes(const std::string& path) {
+  int64_t total = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(path))
+    if (entry.is_regular_file()) total += int64_t(entry.file_size());
+  return total;
+}
+
+TEST(Hardening, AFullDiskIsOneClearErrorAndLeavesNoHalfFiles) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  const std::vector<std::string> sets = {"job.steps=120", "checkpoint.every=10", "checkpoint.keep=2",
+                                         "audit.every=1", "fault.heartbeat_s=0.2"};
+  TempDir reference, dir;
+  ASSERT_EQ(run_lockstep(synthetic_run(reference, 2, sets), reference.path(), 120).exit_code, 0);
+  const int64_t needed = folder_bytes(single_run(reference.path() + "/runs"));
+  SmallDisk disk(dir.path() + "/runs", needed / 2);
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here";
+
+  auto full = run_lockstep(synthetic_run(dir, 2, sets), dir.path(), 120);
+  EXPECT_EQ(full.exit_code, 1) << full.output;
+  EXPECT_NE(full.output.find("No space left on device"), std::string::npos) << full.output;
+  EXPECT_NE(full.output.find("cannot write " + dir.path() + "/runs/"), std::string::npos) << full.output;
+  EXPECT_EQ(full.output.find("Aborted"), std::string::npos) << full.output;
+  const std::string run = single_run(dir.path() + "/runs");
+  for (const auto& entry : fs::recursive_directory_iterator(run)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_EQ(name.find(".tmp."), std::string::npos) << "a temporary was left: " << entry.path();
+    if (entry.is_regular_file() && name != ".lock")
+      EXPECT_GT(entry.file_size(), 0u) << "an empty file was left: " << entry.path();
+    if (name.size() > 6 && name.substr(name.size() - 6) == ".jsonl") {
+      std::ifstream in(entry.path());
+      int number = 0;
+      for (std::string line; std::getline(in, line);) {
+        ++number;
+        EXPECT_FALSE(nlohmann::json::parse(line, nullptr, false).is_discarded())
+            << entry.path() << ":" << number << " was cut mid-line";
+      }
+    }
+  }
+  auto manifest = nlohmann::json::parse(std::ifstream(run + "/manifest.json"), nullptr, false);
+  ASSERT_FALSE(manifest.is_discarded()) << "manifest.json is not JSON";
+  EXPECT_EQ(manifest.value("status", ""), "failed") << manifest.dump(2);
+  EXPECT_NE(manifest.value("error", "").find("No space left on device"), std::string::npos) << manifest.dump(2);
+  EXPECT_TRUE(CheckpointStore(run + "/checkpoints").newest_valid(nullptr).has_value())
+      << "the checkpoints written before the disk filled are gone";
 }
 
 TEST(Hardening, ShortWhitespaceAndNonFileTokensAreBadInputAndNeverShown) {

@@ -96,6 +96,62 @@ TEST_F(IdxTest, MissingFileNamesIt) {
   }
 }
 
+TEST_F(IdxTest, ReadingStopsAtWhatTheHeaderPromises) {
+  // 64 MiB of zeros behind a header promising 256 bytes: refused after 257.
+  std::vector<uint8_t> bomb = idx_bytes(0x801, {256}, 256);
+  bomb.resize(bomb.size() + (64u << 20), 0);
+  write_gzip(dir_ + "/bomb.gz", bomb);
+  const auto start = std::chrono::steady_clock::now();
+  std::string e = error_of(dir_ + "/bomb.gz", 1);
+  EXPECT_NE(e.find("too long: the header promises 256 bytes"), std::string::npos) << e;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2)) << "it inflated everything";
+}
+
+TEST_F(IdxTest, SizesThatWouldOverflowAndEmptyFilesAreRefused) {
+  write_gzip(dir_ + "/huge.gz", idx_bytes(0x803, {1u << 31, 1u << 31, 4}, 16));
+  EXPECT_NE(error_of(dir_ + "/huge.gz", 3).find("promises more than 4 GiB"), std::string::npos);
+  write_gzip(dir_ + "/empty.gz", idx_bytes(0x801, {0}, 0));
+  EXPECT_NE(error_of(dir_ + "/empty.gz", 1).find("holds 0 items"), std::string::npos);
+}
+
+TEST_F(IdxTest, NonRegularFilesAreRefusedWithoutReading) {
+  EXPECT_NE(error_of("/dev/zero", 1).find("/dev/zero: not a regular file"), std::string::npos);
+  ASSERT_EQ(::mkfifo((dir_ + "/pipe.gz").c_str(), 0600), 0);
+  EXPECT_NE(error_of(dir_ + "/pipe.gz", 1).find("not a regular file"), std::string::npos);  // no hang
+}
+
+// A data folder whose images or labels the models cannot take.
+TEST_F(IdxTest, ShapesLabelsAndCountsTheModelsCannotTakeAreBadInput) {
+  auto folder = [&](const std::string& name, std::vector<uint32_t> image_dims, uint8_t top_label,
+                    uint32_t labels) {
+    const std::string d = dir_ + "/" + name;
+    fs::create_directories(d);
+    for (const char* prefix : {"train", "t10k"}) {
+      write_gzip(d + "/" + prefix + "-images-idx3-ubyte.gz",
+                 idx_bytes(0x803, image_dims, size_t(image_dims[0]) * image_dims[1] * image_dims[2]));
+      std::vector<uint8_t> label_bytes = idx_bytes(0x801, {labels}, 0);
+      for (uint32_t i = 0; i < labels; ++i) label_bytes.push_back(i + 1 == labels ? top_label : uint8_t(i % 10));
+      write_gzip(d + "/" + prefix + "-labels-idx1-ubyte.gz", label_bytes);
+    }
+    DataSection data;
+    data.name = "fashion-mnist";
+    data.path = d;
+    try {
+      validate_data_files(data);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(folder("good", {20, 28, 28}, 9, 20), "");
+  EXPECT_NE(folder("wide", {20, 14, 56}, 9, 20).find("train images are 14 x 56; the models take 28 x 28"),
+            std::string::npos);
+  EXPECT_NE(folder("labels", {20, 28, 28}, 12, 20).find("train labels hold 12; Fashion-MNIST has classes 0 to 9"),
+            std::string::npos);
+  EXPECT_NE(folder("count", {20, 28, 28}, 9, 19).find("train images (20) and labels (19) differ in count"),
+            std::string::npos);
+}
+
 TEST(FashionMnist, LoadsDebiansFilesNormalised) {
   const std::string dir = "/usr/share/datasets/fashion-mnist";
   if (!fs::exists(dir)) GTEST_SKIP() << dir << " is not installed (dataset-fashion-mnist)";
