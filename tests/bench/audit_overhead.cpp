@@ -17,10 +17,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_figures.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using lockstep::bench::summary;
 
 struct Sample {
   double step_s = 0;        // wall time per step in training (incl. audits)
@@ -47,11 +50,6 @@ Sample run_once(const std::string& model, int steps, int every, const std::strin
                        phases["comm_wait"].get<double>() + phases["optimizer"].get<double>();
   const double audit = phases["audit"].get<double>();
   return {(train + audit) / steps, audit / train};
-}
-
-json summary(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return {{"median", values[values.size() / 2]}, {"min", values.front()}, {"max", values.back()}};
 }
 
 }  // namespace

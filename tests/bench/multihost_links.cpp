@@ -22,11 +22,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_figures.h"
 #include "support/cli_runner.h"
 #include "support/net_hosts.h"
 
 using namespace lockstep::testing;
 using nlohmann::json;
+using lockstep::bench::cpu_model;
+using lockstep::bench::summary;
 namespace fs = std::filesystem;
 
 namespace {
@@ -46,18 +49,6 @@ struct Config {
     return b;
   }
 };
-
-json summary(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {{"median", v[v.size() / 2]}, {"min", v.front()}, {"max", v.back()}, {"runs", v.size()}};
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
 
 std::vector<std::string> job_args(const Config& c, int steps, const std::string& run_dir) {
   return {"--set", "job.steps=" + std::to_string(steps), "--set", "job.threads_per_rank=1",

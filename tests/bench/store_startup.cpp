@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "bench/bench_figures.h"
 #include "coordinator/coordinator.h"
 #include "runtime/process_group.h"
 #include "worker/coordinator_client.h"
@@ -25,6 +26,8 @@
 
 using namespace lockstep;
 using nlohmann::json;
+using lockstep::bench::cpu_model;
+using lockstep::bench::summary;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -34,18 +37,6 @@ constexpr std::chrono::milliseconds kTimeout{30000};
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-json summary(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return {{"median", v[v.size() / 2]}, {"min", v.front()}, {"max", v.back()}, {"runs", v.size()}};
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
 }
 
 struct Timing {

@@ -138,15 +138,21 @@ TEST(Checkpoints, ResumeTakesTheCheckpointsSettingsAndSaysWhenNothingIsLeft) {
   EXPECT_EQ(manifest["metrics"]["steps"], 14);
 }
 
+// A run that rank 0 leaves at step 9, with complete checkpoints at steps 4
+// and 8; its folder.
+std::string run_failing_at_step_9(const TempDir& dir) {
+  auto first = run_lockstep(resumable_job(dir, "sgd", {"test.fail_rank=0", "test.fail_step=9",
+                                                       "test.fail_kind=exit", "checkpoint.keep=3"}),
+                            dir.path(), 150);
+  EXPECT_NE(first.exit_code, 0) << first.output;
+  return single_run(dir.path() + "/runs");
+}
+
 // An index that lost the entry of a file resuming reads is not verified:
 // the older checkpoint is used, and the damage is named.
 TEST(Checkpoints, AnIndexMissingAFileEntryFallsBackToTheOlderCheckpoint) {
   TempDir dir;
-  auto first = run_lockstep(resumable_job(dir, "sgd", {"test.fail_rank=0", "test.fail_step=9",
-                                                       "test.fail_kind=exit", "checkpoint.keep=3"}),
-                            dir.path(), 150);
-  ASSERT_NE(first.exit_code, 0) << first.output;
-  const std::string run = single_run(dir.path() + "/runs");
+  const std::string run = run_failing_at_step_9(dir);
   CheckpointStore store(run + "/checkpoints");
   ASSERT_EQ(store.steps(), (std::vector<int64_t>{4, 8}));
   const std::string index_path = store.step_folder(8) + "/index.json";
@@ -199,11 +205,7 @@ TEST(Checkpoints, ResumeKeepsTheGradScalerState) {
 // valid, or with a setting a resumed run cannot change: exit 2, named.
 TEST(Checkpoints, CorruptedNewestFallsBackAndUnusableOnesAreBadInput) {
   TempDir dir;
-  auto first = run_lockstep(resumable_job(dir, "sgd", {"test.fail_rank=0", "test.fail_step=9",
-                                                       "test.fail_kind=exit", "checkpoint.keep=3"}),
-                            dir.path(), 150);
-  ASSERT_NE(first.exit_code, 0) << first.output;
-  const std::string run = single_run(dir.path() + "/runs");
+  const std::string run = run_failing_at_step_9(dir);
   CheckpointStore store(run + "/checkpoints");
   ASSERT_EQ(store.steps(), (std::vector<int64_t>{4, 8}));
   {
