@@ -314,6 +314,13 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
   const std::string& resumed_id = resume.run_id;
   JobConfig config = checked_job(job_file, passed_on);
   if (resume_is_already_done(resume, config)) return 0;
+  // The data is read on the workers' hosts; when this host has it too, a
+  // damaged file is bad input before anything listens.
+  if (config.data.name != "fashion-mnist" || std::filesystem::exists(config.data.path))
+    validate_data_files(config.data);
+  else
+    spdlog::info("Decision: data_check = on the workers' hosts (data.path {} is not on this host; each "
+                 "worker checks its own copy as it loads it, exit 2 if damaged)", config.data.path);
   if (serve.tls_cert.empty() != serve.tls_key.empty())
     throw InputError("--tls-cert and --tls-key go together: give both, or neither for plaintext");
   CoordinatorOptions options;
