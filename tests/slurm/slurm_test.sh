@@ -130,6 +130,15 @@ wait_state() {  # wait_state JOB SECONDS STATE...
   echo "job $job is $state after ${limit} s (wanted $*)"
   return 1
 }
+# This test's lockstep processes: those in its hosts' network namespaces
+# (other tests may run lockstep elsewhere on the machine at the same time).
+ours() {
+  local pid
+  for pid in $(for host in ctl n1 n2; do ip netns pids "$ns-$host" 2> /dev/null; done); do
+    tr '\0' ' ' < "/proc/$pid/cmdline" 2> /dev/null | grep -qE "^$lockstep (worker|coordinator)" &&
+      echo "$pid $(tr '\0' ' ' < "/proc/$pid/cmdline")"
+  done
+}
 json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
 
 # The uninterrupted digest on this host.
@@ -166,10 +175,10 @@ if grep -q '"event":"step"' "$events" 2> /dev/null; then
   on ctl scancel "$job"
   left=1
   for _ in $(seq 60); do
-    pgrep -f "$lockstep (worker|coordinator)" > /dev/null || { left=0; break; }
+    [[ -z $(ours) ]] && { left=0; break; }
     sleep 0.5
   done
-  ((left == 0)) && pass "scancel: no lockstep process left" || fail "scancel: still running: $(pgrep -af "$lockstep")"
+  ((left == 0)) && pass "scancel: no lockstep process left" || fail "scancel: still running: $(ours)"
 else
   fail "job $job never trained: $(tail -n 30 "$tmp"/cancel-"$job".out)"
   on ctl scancel "$job"
