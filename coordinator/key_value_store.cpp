@@ -24,8 +24,7 @@ bool KeyValueStore::all_set_locked(const std::vector<std::string>& keys) const {
   return true;
 }
 
-std::string KeyValueStore::set(const std::string& key, const std::string& value) {
-  std::lock_guard<std::mutex> lock(mutex_);
+std::string KeyValueStore::put_locked(const std::string& key, const std::string& value) {
   auto it = values_.find(key);
   const size_t replaced = it == values_.end() ? 0 : key.size() + it->second.size();
   if (auto error = check_sizes(key, value, replaced); !error.empty()) return error;
@@ -35,10 +34,14 @@ std::string KeyValueStore::set(const std::string& key, const std::string& value)
   return "";
 }
 
+std::string KeyValueStore::set(const std::string& key, const std::string& value) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return put_locked(key, value);
+}
+
 std::string KeyValueStore::add(const std::string& key, int64_t amount, int64_t* result) {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t current = 0;
-  size_t replaced = 0;
   if (auto it = values_.find(key); it != values_.end()) {
     const std::string& text = it->second;
     char* end = nullptr;
@@ -46,16 +49,11 @@ std::string KeyValueStore::add(const std::string& key, int64_t amount, int64_t* 
     current = std::strtoll(text.c_str(), &end, 10);
     if (text.empty() || errno != 0 || end != text.c_str() + text.size())
       return "store key '" + key.substr(0, 200) + "' does not hold an integer; ADD needs one";
-    replaced = key.size() + text.size();
   }
   if ((amount > 0 && current > INT64_MAX - amount) || (amount < 0 && current < INT64_MIN - amount))
     return "ADD would overflow store key '" + key.substr(0, 200) + "'";
-  const std::string value = std::to_string(current + amount);
-  if (auto error = check_sizes(key, value, replaced); !error.empty()) return error;
-  total_bytes_ = total_bytes_ - replaced + key.size() + value.size();
-  values_[key] = value;
+  if (auto error = put_locked(key, std::to_string(current + amount)); !error.empty()) return error;
   *result = current + amount;
-  changed_.notify_all();
   return "";
 }
 
@@ -72,12 +70,8 @@ std::string KeyValueStore::compare_set(const std::string& key, const std::string
     *now = current;
     return "";
   }
-  const size_t replaced = it == values_.end() ? 0 : key.size() + it->second.size();
-  if (auto error = check_sizes(key, desired, replaced); !error.empty()) return error;
-  total_bytes_ = total_bytes_ - replaced + key.size() + desired.size();
-  values_[key] = desired;
+  if (auto error = put_locked(key, desired); !error.empty()) return error;
   *now = desired;
-  changed_.notify_all();
   return "";
 }
 

@@ -47,6 +47,9 @@ class KeyValueStore {
   void close();
 
  private:
+  // Stores `value` under `key` if the limits allow, wakes waiters; "" or
+  // the error. Caller holds mutex_.
+  std::string put_locked(const std::string& key, const std::string& value);
   std::string check_sizes(const std::string& key, const std::string& value, size_t replaced) const;
   bool all_set_locked(const std::vector<std::string>& keys) const;
 

@@ -27,13 +27,6 @@ std::string seconds(std::chrono::milliseconds ms) {
   return text;
 }
 
-}  // namespace
-
-GrpcStore::GrpcStore(CoordinatorClient& client, std::string run_id, std::chrono::milliseconds timeout)
-    : c10d::Store(timeout), client_(client), run_id_(std::move(run_id)) {}
-
-namespace {
-
 // One call, bounded by `limit`; a failure is a RunError naming the
 // operation, the keys and the coordinator.
 v1::StoreReply call(CoordinatorClient& client, StoreRequest request, std::chrono::milliseconds limit) {
@@ -74,6 +67,9 @@ v1::StoreReply wait_for(CoordinatorClient& client, StoreRequest r, std::chrono::
 }
 
 }  // namespace
+
+GrpcStore::GrpcStore(CoordinatorClient& client, std::string run_id, std::chrono::milliseconds timeout)
+    : c10d::Store(timeout), client_(client), run_id_(std::move(run_id)) {}
 
 void GrpcStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   auto r = request(run_id_, StoreRequest::SET, {key});
