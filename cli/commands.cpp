@@ -97,7 +97,12 @@ JobConfig checked_job(const std::string& job_file, const std::vector<std::string
   JobConfig config = load_job_config(job_file, overrides);
   // An unknown model, or fault.inject / precision.fp32_modules naming what
   // the model lacks, is bad input before any process starts.
-  check_injected_faults(config, ModelRegistry::with_builtins());
+  if (config.model.name == "torchscript" && !std::filesystem::exists(config.model.path))
+    spdlog::info("Decision: model_check = on the workers' hosts (model.path {} is not on this host; "
+                 "each worker checks its own copy as it loads it, exit 2 if it is not a module)",
+                 config.model.path);
+  else
+    check_injected_faults(config, ModelRegistry::with_builtins());
   check_machine_request(config);                       // device = gpu on a CPU build, ...
   return config;
 }
@@ -139,6 +144,9 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   }
   validate_data_files(config.data);  // a truncated file is bad input before anything starts
   if (resume_is_already_done(resume, config)) return 0;
+  // The model against the data: a shape it rejects is bad input before anything starts.
+  check_model_on_data(config, ModelRegistry::with_builtins(),
+                      load_data(config.data, uint64_t(config.job.seed)));
 
   const std::string run_id = resumed_id.empty() ? new_run_id(config.job.name) : resumed_id;
   CoordinatorOptions coordinator_options;
@@ -517,7 +525,7 @@ nlohmann::json status_json(const v1::StatusReply& reply) {
           {"world_size", reply.world_size()}, {"joined", reply.joined()},
           {"generation", int64_t(reply.generation())}, {"restarts", reply.restarts()},
           {"max_restarts", reply.max_restarts()}, {"failure", reply.failure()},
-          {"last_audit", reply.last_audit()}, {"ranks", ranks}};
+          {"last_audit", reply.last_audit()}, {"last_eval", reply.last_eval()}, {"ranks", ranks}};
 }
 
 int status_command(const ConnectionFlags& connection, bool json) {
@@ -538,6 +546,7 @@ int status_command(const ConnectionFlags& connection, bool json) {
               reply.joined(), reply.world_size(), reply.failure().empty() ? "" : "\nfailure: ",
               reply.failure().c_str());
   if (!reply.last_audit().empty()) std::printf("last audit: %s\n", reply.last_audit().c_str());
+  if (!reply.last_eval().empty()) std::printf("last eval: %s\n", reply.last_eval().c_str());
   std::printf("%4s  %-20s %8s %8s %9s %10s %8s  %s\n", "rank", "host", "pid", "step", "loss",
               "samples/s", "hb age", "state");
   for (const auto& r : reply.ranks())

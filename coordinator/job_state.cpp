@@ -305,6 +305,7 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
   w->samples_per_s = request.samples_per_s();
   w->phase = request.phase();
   w->audit = request.audit();
+  if (!request.eval().empty()) last_eval_ = request.eval().substr(0, 1000);
   record_audits_locked(request.rank(), audits);
   if (state_ == State::kFailed) {
     reply->set_command(v1::HeartbeatReply::ABORT);
@@ -569,6 +570,7 @@ void JobState::status(v1::StatusReply* reply) const {
   reply->set_failure(failure_);
   reply->set_joined(int(workers_.size()));
   reply->set_last_audit(last_audit_);
+  reply->set_last_eval(last_eval_);
   reply->set_restarts(int(restarts_.size()));
   reply->set_max_restarts(options_.max_restarts);
   std::vector<const Worker*> by_rank;

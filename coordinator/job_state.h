@@ -179,6 +179,7 @@ class JobState {
   std::set<int> earlier_pids_;          // guarded by mutex_; processes of restarted generations
   std::set<int64_t> audited_steps_;     // guarded by mutex_
   std::string last_audit_;              // guarded by mutex_
+  std::string last_eval_;               // guarded by mutex_
   int64_t first_drift_step_ = -1;       // the first audit that found the ranks apart; guarded by mutex_
   int64_t drifted_audits_ = 0;          // guarded by mutex_
   int64_t audits_ = 0;                  // audited steps heard of; guarded by mutex_

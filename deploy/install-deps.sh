@@ -13,7 +13,7 @@ packages=(
   dataset-fashion-mnist openssl
   iproute2 util-linux
   slurmd slurmctld slurm-client munge python3-yaml
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-torchvision
 )
 
 missing=()

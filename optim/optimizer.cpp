@@ -25,7 +25,7 @@ class Sgd final : public Optimizer {
         at::Tensor& momentum = state_[s][0];
         if (steps_ == 0) momentum.copy_(direction);  // the first buffer is the gradient itself
         else momentum.mul_(spec_.momentum).add_(direction);
-        direction = momentum;
+        direction = spec_.nesterov ? direction.add(momentum, spec_.momentum) : momentum;
       }
       params.add_(direction, -lr_);
     }
@@ -33,12 +33,13 @@ class Sgd final : public Optimizer {
   }
 };
 
-// AdamW (decoupled weight decay, bias-corrected moments, no amsgrad): the
-// update torch.optim.AdamW makes, one segment at a time.
+// Adam and AdamW (bias-corrected moments, no amsgrad): the updates
+// torch.optim.Adam (weight decay as L2 on the gradient) and
+// torch.optim.AdamW (decoupled weight decay) make, one segment at a time.
 class AdamW final : public Optimizer {
  public:
-  AdamW(std::vector<Segment> segments, OptimizerSpec spec)
-      : Optimizer(std::move(segments), std::move(spec), 2) {}
+  AdamW(std::vector<Segment> segments, OptimizerSpec spec, bool decoupled)
+      : Optimizer(std::move(segments), std::move(spec), 2), decoupled_(decoupled) {}
 
   void step() override {
     torch::NoGradGuard no_grad;
@@ -47,14 +48,47 @@ class AdamW final : public Optimizer {
     const double correction2 = 1 - std::pow(spec_.beta2, step);
     for (size_t s = 0; s < segments_.size(); ++s) {
       at::Tensor& params = segments_[s].params;
-      const at::Tensor& grads = segments_[s].grads;
+      at::Tensor grads = segments_[s].grads;
       at::Tensor& mean = state_[s][0];
       at::Tensor& square = state_[s][1];
-      if (spec_.weight_decay != 0) params.mul_(1 - lr_ * spec_.weight_decay);
+      if (spec_.weight_decay != 0) {
+        if (decoupled_) params.mul_(1 - lr_ * spec_.weight_decay);
+        else grads = grads.add(params, spec_.weight_decay);
+      }
       mean.mul_(spec_.beta1).add_(grads, 1 - spec_.beta1);
       square.mul_(spec_.beta2).addcmul_(grads, grads, 1 - spec_.beta2);
       at::Tensor denominator = (square.sqrt() / std::sqrt(correction2)).add_(spec_.eps);
       params.addcdiv_(mean, denominator, -lr_ / correction1);
+    }
+    ++steps_;
+  }
+
+ private:
+  bool decoupled_;
+};
+
+// RMSprop (not centered; optional momentum): the update torch.optim.RMSprop makes.
+class RmsProp final : public Optimizer {
+ public:
+  RmsProp(std::vector<Segment> segments, OptimizerSpec spec)
+      : Optimizer(std::move(segments), std::move(spec), 2) {}
+
+  void step() override {
+    torch::NoGradGuard no_grad;
+    for (size_t s = 0; s < segments_.size(); ++s) {
+      at::Tensor& params = segments_[s].params;
+      at::Tensor grads = segments_[s].grads;
+      at::Tensor& square = state_[s][0];
+      at::Tensor& momentum = state_[s][1];
+      if (spec_.weight_decay != 0) grads = grads.add(params, spec_.weight_decay);
+      square.mul_(spec_.alpha).addcmul_(grads, grads, 1 - spec_.alpha);
+      at::Tensor average = square.sqrt().add_(spec_.eps);
+      if (spec_.momentum > 0) {
+        momentum.mul_(spec_.momentum).addcdiv_(grads, average);
+        params.add_(momentum, -lr_);
+      } else {
+        params.addcdiv_(grads, average, -lr_);
+      }
     }
     ++steps_;
   }
@@ -132,8 +166,11 @@ void Optimizer::load_from_bytes(const std::vector<uint8_t>& bytes) {
 
 std::unique_ptr<Optimizer> make_optimizer(std::vector<Segment> segments, const OptimizerSpec& spec) {
   if (spec.name == "sgd") return std::make_unique<Sgd>(std::move(segments), spec);
-  if (spec.name == "adamw") return std::make_unique<AdamW>(std::move(segments), spec);
-  throw std::invalid_argument("unknown optimizer '" + spec.name + "' (allowed: sgd, adamw)");
+  if (spec.name == "adamw") return std::make_unique<AdamW>(std::move(segments), spec, true);
+  if (spec.name == "adam") return std::make_unique<AdamW>(std::move(segments), spec, false);
+  if (spec.name == "rmsprop") return std::make_unique<RmsProp>(std::move(segments), spec);
+  throw std::invalid_argument("unknown optimizer '" + spec.name +
+                              "' (allowed: sgd, adamw, adam, rmsprop)");
 }
 
 double scheduled_lr(const ScheduleSpec& spec, int64_t step) {

@@ -22,11 +22,13 @@ class OutputArchive;
 namespace lockstep::optim {
 
 struct OptimizerSpec {
-  std::string name = "sgd";   // sgd | adamw
+  std::string name = "sgd";   // sgd | adamw | adam | rmsprop
   double lr = 0.05;           // peak learning rate
-  double momentum = 0.9;      // sgd only
-  double weight_decay = 0.0;  // sgd: L2 added to the gradient; adamw: decoupled
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw only
+  double momentum = 0.9;      // sgd, rmsprop
+  double weight_decay = 0.0;  // adamw: decoupled; the others: L2 added to the gradient
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw (eps: rmsprop too)
+  double alpha = 0.99;        // rmsprop: smoothing of the squared gradient
+  bool nesterov = false;      // sgd
 };
 
 // Parameters and their gradients, both 1-D, contiguous, same length; the
@@ -63,7 +65,9 @@ class Optimizer {
   std::vector<std::vector<at::Tensor>> state_;
 };
 
-// Builds the optimizer. Throws std::invalid_argument for an unknown name or
+// Builds the optimizer: each makes the update torch.optim's namesake makes
+// (SGD with dampening 0, Adam/AdamW without amsgrad, RMSprop not centered).
+// Throws std::invalid_argument for an unknown name or
 // a segment whose parameters and gradients do not match.
 std::unique_ptr<Optimizer> make_optimizer(std::vector<Segment> segments, const OptimizerSpec& spec);
 

@@ -11,7 +11,7 @@
 #include "optim/optimizer.h"
 #include "runtime/digest.h"
 #include "runtime/errors.h"
-#include "runtime/models.h"
+#include "runtime/model/model.h"
 
 namespace lockstep {
 namespace {
@@ -24,9 +24,9 @@ struct NamedTensor {
 
 std::vector<NamedTensor> audited_tensors(Model& model, bool buffers) {
   std::vector<NamedTensor> out;
-  for (const auto& item : model.named_parameters()) out.push_back({item.key(), item.value(), false});
+  for (const auto& [name, tensor] : model.parameters()) out.push_back({name, tensor, false});
   if (buffers)
-    for (const auto& item : model.named_buffers()) out.push_back({item.key(), item.value(), true});
+    for (const auto& [name, tensor] : model.buffers()) out.push_back({name, tensor, true});
   return out;
 }
 
@@ -209,8 +209,8 @@ AuditResult Auditor::finish(optim::Optimizer& optimizer) {
     }
   }
   if (options_.buffers == "sync")
-    for (const auto& item : model_.named_buffers()) {
-      at::Tensor buffer = item.value();
+    for (const auto& [name, tensor] : model_.buffers()) {
+      at::Tensor buffer = tensor;
       control_.collectives().broadcast(buffer, 0);
     }
   evidence["action"] = result.action;

@@ -3,7 +3,8 @@
 #include <torch/torch.h>
 
 #include "runtime/masked_loss.h"
-#include "runtime/models.h"
+#include "runtime/model/model.h"
+#include "runtime/objective.h"
 #include "runtime/process_group.h"
 
 namespace lockstep {
@@ -72,36 +73,42 @@ Batch BatchStream::assemble() {
   int64_t count = std::min(batch_size_, order_.numel() - position_);
   at::Tensor rows = order_.narrow(0, position_, count);
   position_ += count;
-  return Batch{data_.images.index_select(0, rows), data_.labels.index_select(0, rows), epoch_};
+  return Batch{data_.inputs.index_select(0, rows), data_.targets.index_select(0, rows), epoch_};
 }
 
-EvalResult evaluate(Model& model, const Dataset& test, int rank, int world_size,
-                    int64_t batch_size, CollectiveGroup& group, const std::string& precision) {
+EvalResult evaluate(Model& model, const Objective& objective, const Dataset& test, int rank,
+                    int world_size, int64_t batch_size, CollectiveGroup& group,
+                    const std::string& precision) {
   torch::NoGradGuard no_grad;
   const bool was_training = model.is_training();
-  model.eval();
-  double loss_sum = 0, correct = 0, count = 0;
+  model.train(false);
+  std::vector<double> sums;
   at::Tensor mine = torch::arange(rank, test.size(), world_size, torch::kInt64);
   for (int64_t start = 0; start < mine.numel(); start += batch_size) {
     at::Tensor rows = mine.narrow(0, start, std::min(batch_size, mine.numel() - start));
-    at::Tensor labels = test.labels.index_select(0, rows);
-    at::Tensor logits = forward_logits(model, test.images.index_select(0, rows),
+    at::Tensor output = forward_output(model, test.inputs.index_select(0, rows),
                                        precision == "bf16" ? at::kBFloat16 : at::kFloat);
-    MaskedLoss loss = masked_cross_entropy_sum(logits, labels);
-    loss_sum += loss.sum.item<double>();
-    correct += logits.argmax(1).eq(labels).sum().item<double>();
-    count += double(loss.valid);
+    std::vector<double> batch = objective.metric_sums(output, test.targets.index_select(0, rows));
+    if (sums.empty()) sums.assign(batch.size(), 0.0);
+    for (size_t i = 0; i < batch.size(); ++i) sums[i] += batch[i];
+  }
+  // A rank with no test sample (more ranks than samples) still takes part:
+  // its sums are learned from a forward of one sample, then zeroed.
+  if (sums.empty()) {
+    at::Tensor output = forward_output(model, test.inputs.narrow(0, 0, 1),
+                                       precision == "bf16" ? at::kBFloat16 : at::kFloat);
+    sums.assign(objective.metric_sums(output, test.targets.narrow(0, 0, 1)).size(), 0.0);
   }
   model.train(was_training);
-  std::vector<at::Tensor> totals{torch::tensor({loss_sum, correct, count}, torch::kDouble)};
+  std::vector<at::Tensor> totals{torch::tensor(sums, torch::kDouble)};
   group.allreduce_sum(totals).wait();
-  auto sums = totals[0];
+  const at::Tensor all = totals[0];
+  for (size_t i = 0; i < sums.size(); ++i) sums[i] = all[int64_t(i)].item<double>();
   EvalResult result;
-  result.samples = int64_t(sums[2].item<double>());
-  if (result.samples > 0) {
-    result.loss = sums[0].item<double>() / double(result.samples);
-    result.accuracy = sums[1].item<double>() / double(result.samples);
-  }
+  result.samples = test.size();
+  result.metrics = objective.metrics(sums);
+  result.loss = result.metrics.value("loss", 0.0);
+  result.accuracy = result.metrics.value("accuracy", 0.0);
   return result;
 }
 

@@ -12,14 +12,16 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "runtime/dataset.h"
 #include "runtime/sampler.h"
 
 namespace lockstep {
 
 struct Batch {
-  at::Tensor images;
-  at::Tensor labels;
+  at::Tensor inputs;
+  at::Tensor targets;
   int64_t epoch = 0;
 };
 
@@ -59,18 +61,20 @@ class BatchStream {
 };
 
 struct EvalResult {
-  double loss = 0.0;      // mean over the whole test set
-  double accuracy = 0.0;
-  int64_t samples = 0;
+  double loss = 0.0;      // mean over every valid target of the test set
+  double accuracy = 0.0;  // cross_entropy; 0 for the other losses
+  int64_t samples = 0;    // test samples seen (each exactly once)
+  nlohmann::json metrics = nlohmann::json::object();  // what fits the loss (objective.h)
 };
 
 class Model;
+class Objective;
 class CollectiveGroup;
 // Evaluates on the test set: rank r takes samples r, r + W, ...; sums are
 // all-reduced on `group`, so every rank returns the same figures. The
 // forward runs at the training precision (`precision`: fp32 | bf16).
-EvalResult evaluate(Model& model, const Dataset& test, int rank, int world_size,
-                    int64_t batch_size, CollectiveGroup& group,
+EvalResult evaluate(Model& model, const Objective& objective, const Dataset& test, int rank,
+                    int world_size, int64_t batch_size, CollectiveGroup& group,
                     const std::string& precision = "fp32");
 
 }  // namespace lockstep

@@ -13,7 +13,7 @@
 #include "runtime/decisions.h"
 #include "runtime/digest.h"
 #include "runtime/errors.h"
-#include "runtime/models.h"
+#include "runtime/model/model.h"
 
 namespace lockstep {
 namespace {
@@ -41,8 +41,8 @@ void write_checkpoint(const CheckpointStore& store, int64_t step, nlohmann::json
   }
   if (rank == 0) {
     torch::serialize::OutputArchive tensors;
-    for (const auto& item : model.named_parameters()) tensors.write(item.key(), item.value());
-    for (const auto& item : model.named_buffers()) tensors.write(item.key(), item.value(), true);
+    for (const auto& [name, tensor] : model.parameters()) tensors.write(name, tensor);
+    for (const auto& [name, tensor] : model.buffers()) tensors.write(name, tensor, true);
     store.write_file(step, "model.pt", archive_bytes(tensors));
     const std::vector<uint8_t> state = optimizer.save_to_bytes();
     store.write_file(step, "optimizer.bin", std::string(state.begin(), state.end()));
@@ -50,7 +50,7 @@ void write_checkpoint(const CheckpointStore& store, int64_t step, nlohmann::json
   control.barrier(tag + "-written");
   if (rank == 0) {
     meta["step"] = step;
-    meta["param_digest"] = combined_hex(module_digests(model, true));
+    meta["param_digest"] = combined_hex(model_digests(model, true));
     meta["ranks"] = control.collectives().size();
     store.seal(step, meta, keep);
   }
@@ -136,8 +136,8 @@ void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found,
                        ", this model " + c10::str(target.sizes()));
       target.copy_(saved);
     };
-    for (const auto& item : model.named_parameters()) load(item.key(), item.value(), false);
-    for (const auto& item : model.named_buffers()) load(item.key(), item.value(), true);
+    for (const auto& [name, tensor] : model.parameters()) load(name, tensor, false);
+    for (const auto& [name, tensor] : model.buffers()) load(name, tensor, true);
   }
   {
     const std::string bytes = store.read_file(found, "optimizer.bin");
@@ -152,7 +152,7 @@ void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found,
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(state);
   }
-  const std::string digest = combined_hex(module_digests(model, true));
+  const std::string digest = combined_hex(model_digests(model, true));
   if (digest != found.meta.value("param_digest", ""))
     throw RunError(where + ": the parameters loaded on rank " + std::to_string(rank) +
                    " have digest " + digest + ", the checkpoint recorded " +

@@ -56,18 +56,30 @@ const std::vector<KeySpec>& schema() {
       {"job.threads_per_rank", Kind::kInt, LOCKSTEP_FIELD(job.threads_per_rank), 0, 4096},
       {"model.name", Kind::kString, LOCKSTEP_FIELD(model.name)},
       {"model.dropout", Kind::kFloat, LOCKSTEP_FIELD(model.dropout), 0, 0.99},
+      {"model.path", Kind::kString, LOCKSTEP_FIELD(model.path), -kInf, kInf, false, {}, true},
+      {"model.output", Kind::kString, LOCKSTEP_FIELD(model.output), -kInf, kInf, false, {}, true},
+      {"loss.name", Kind::kString, LOCKSTEP_FIELD(loss.name), -kInf, kInf, false,
+       {"cross_entropy", "mse", "l1", "bce_with_logits", "model"}},
+      {"loss.label_smoothing", Kind::kFloat, LOCKSTEP_FIELD(loss.label_smoothing), 0, 0.999},
       {"data.name", Kind::kString, LOCKSTEP_FIELD(data.name), -kInf, kInf, false,
-       {"fashion-mnist", "synthetic"}},
+       {"fashion-mnist", "synthetic", "arrays"}},
       {"data.path", Kind::kString, LOCKSTEP_FIELD(data.path)},
+      {"data.train", Kind::kString, LOCKSTEP_FIELD(data.train), -kInf, kInf, false, {}, true},
+      {"data.test", Kind::kString, LOCKSTEP_FIELD(data.test), -kInf, kInf, false, {}, true},
       {"data.batch_size", Kind::kInt, LOCKSTEP_FIELD(data.batch_size), 1, 1 << 20},
       {"data.synthetic_samples", Kind::kInt, LOCKSTEP_FIELD(data.synthetic_samples), 1, 1e8},
       {"data.prefetch", Kind::kInt, LOCKSTEP_FIELD(data.prefetch), 0, 64},
       {"data.missing_targets", Kind::kFloat, LOCKSTEP_FIELD(data.missing_targets), 0, 1},
       {"optim.name", Kind::kString, LOCKSTEP_FIELD(optim.name), -kInf, kInf, false,
-       {"sgd", "adamw"}},
+       {"sgd", "adamw", "adam", "rmsprop"}},
       {"optim.lr", Kind::kFloat, LOCKSTEP_FIELD(optim.lr), 0, 1e3, true},
       {"optim.momentum", Kind::kFloat, LOCKSTEP_FIELD(optim.momentum), 0, 0.9999},
       {"optim.weight_decay", Kind::kFloat, LOCKSTEP_FIELD(optim.weight_decay), 0, 1e3},
+      {"optim.nesterov", Kind::kBool, LOCKSTEP_FIELD(optim.nesterov)},
+      {"optim.beta1", Kind::kFloat, LOCKSTEP_FIELD(optim.beta1), 0, 0.99999},
+      {"optim.beta2", Kind::kFloat, LOCKSTEP_FIELD(optim.beta2), 0, 0.99999999},
+      {"optim.eps", Kind::kFloat, LOCKSTEP_FIELD(optim.eps), 0, 1, true},
+      {"optim.alpha", Kind::kFloat, LOCKSTEP_FIELD(optim.alpha), 0, 0.99999999},
       {"optim.clip_norm", Kind::kFloat, LOCKSTEP_FIELD(optim.clip_norm), 0, 1e12},
       {"optim.warmup_steps", Kind::kInt, LOCKSTEP_FIELD(optim.warmup_steps), 0, 1e12},
       {"optim.schedule", Kind::kString, LOCKSTEP_FIELD(optim.schedule), -kInf, kInf, false,
@@ -81,6 +93,8 @@ const std::vector<KeySpec>& schema() {
       {"comm.overlap", Kind::kBool, LOCKSTEP_FIELD(comm.overlap)},
       {"comm.unused_parameters", Kind::kString, LOCKSTEP_FIELD(comm.unused_parameters), -kInf,
        kInf, false, {"error", "zero"}},
+      {"comm.buffers", Kind::kString, LOCKSTEP_FIELD(comm.buffers), -kInf, kInf, false,
+       {"broadcast", "average", "local"}},
       {"comm.barrier_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.barrier_timeout_s), 0.001, 86400},
       {"comm.collective_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(comm.collective_timeout_s), 0.001,
        86400},
@@ -398,6 +412,27 @@ void validate(const JobConfig& config) {
     throw InputError("job.name '" + job.name.substr(0, 120) + (job.name.size() > 120 ? "…" : "") +
                      "': it names the run's folder, so 1 to 100 characters without '/' (now " +
                      std::to_string(job.name.size()) + ")");
+  if (config.optim.nesterov && (config.optim.name != "sgd" || config.optim.momentum <= 0))
+    throw InputError("optim.nesterov = true needs optim.name = sgd with optim.momentum > 0 (now " +
+                     config.optim.name + ", momentum " + format_number(config.optim.momentum) + ")");
+  if (config.loss.label_smoothing > 0 && config.loss.name != "cross_entropy")
+    throw InputError("key 'loss.label_smoothing' applies to loss.name = cross_entropy only (now " +
+                     config.loss.name + ")");
+  if (config.model.name != "torchscript" && (!config.model.path.empty() || !config.model.output.empty()))
+    throw InputError("keys 'model.path' and 'model.output' apply to model.name = torchscript only "
+                     "(now " + config.model.name + ")");
+  if (config.model.name == "torchscript" && config.model.path.empty())
+    throw InputError("model.name = torchscript needs model.path: a module saved from Python with "
+                     "torch.jit.script(model).save(\"net.pt\") (tools/lockstep_model.py does it)");
+  if (config.loss.name == "model" && config.model.name != "torchscript")
+    throw InputError("loss.name = model uses the TorchScript module's own loss(output, target) "
+                     "method, so it needs model.name = torchscript (now " + config.model.name + ")");
+  if (config.data.name == "arrays" && (config.data.train.empty() || config.data.test.empty()))
+    throw InputError("data.name = arrays needs data.train and data.test: folders holding x.npy "
+                     "(inputs) and y.npy (targets)");
+  if (config.data.name != "arrays" && (!config.data.train.empty() || !config.data.test.empty()))
+    throw InputError("keys 'data.train' and 'data.test' apply to data.name = arrays only (now " +
+                     config.data.name + ")");
   if (config.data.name != "synthetic" && config.data.missing_targets > 0)
     throw InputError("key 'data.missing_targets' applies to data.name = synthetic only (now " +
                      config.data.name + ")");

@@ -28,13 +28,27 @@ struct JobSection {
 };
 
 struct ModelSection {
-  std::string name = "cnn";  // a name in the model registry
+  std::string name = "cnn";  // a name in the model registry, or torchscript
   double dropout = 0.25;     // dropout before the last layer (cnn)
+  std::string path;          // torchscript: the module saved from Python
+  std::string output;        // torchscript: the tuple index or dict key of the output to train on
+};
+
+// What the trainer minimises: the mean over every target of the global
+// batch (all ranks, all microbatches), missing targets left out.
+struct LossSection {
+  // cross_entropy (class targets, -1 missing) | mse | l1 (float targets, NaN
+  // missing, element-wise) | bce_with_logits (multi-label, NaN missing) |
+  // model (the TorchScript module's own loss(output, target), per sample)
+  std::string name = "cross_entropy";
+  double label_smoothing = 0.0;  // cross_entropy only
 };
 
 struct DataSection {
-  std::string name = "fashion-mnist";  // fashion-mnist | synthetic
+  std::string name = "fashion-mnist";  // fashion-mnist | synthetic | arrays
   std::string path = "/usr/share/datasets/fashion-mnist";
+  std::string train;                     // arrays: a folder holding x.npy and y.npy
+  std::string test;                      // arrays: the same for the test set
   int64_t batch_size = 64;               // per rank, per microbatch
   int64_t synthetic_samples = 4096;      // training samples of the synthetic set
   double missing_targets = 0.0;          // synthetic: share of labels set to -1
@@ -42,10 +56,15 @@ struct DataSection {
 };
 
 struct OptimSection {
-  std::string name = "sgd";  // sgd | adamw
+  std::string name = "sgd";  // sgd | adamw | adam | rmsprop
   double lr = 0.05;
-  double momentum = 0.9;       // sgd only
-  double weight_decay = 0.0;
+  double momentum = 0.9;       // sgd, rmsprop
+  bool nesterov = false;       // sgd with momentum > 0
+  double weight_decay = 0.0;   // adamw: decoupled; the others: added to the gradient
+  double beta1 = 0.9;          // adam, adamw
+  double beta2 = 0.999;        // adam, adamw
+  double eps = 1e-8;           // adam, adamw, rmsprop
+  double alpha = 0.99;         // rmsprop: smoothing of the squared gradient
   double clip_norm = 0.0;      // global-norm clipping; 0 = off
   int64_t warmup_steps = 0;    // linear warmup from 0 to lr
   std::string schedule = "constant";  // constant | cosine
@@ -65,6 +84,10 @@ struct CommSection {
   double bucket_mb = 25.0;             // gradient bytes per all-reduce
   bool overlap = true;                 // start a bucket's all-reduce during backward
   std::string unused_parameters = "error";  // a parameter without a gradient: error | zero
+  // Buffers (BatchNorm running statistics, ...): broadcast (rank 0's to all,
+  // as PyTorch DDP does) | average (floating ones averaged after each step)
+  // | local (each rank keeps its own)
+  std::string buffers = "broadcast";
   double barrier_timeout_s = 60.0;     // control group: barriers, checks
   double collective_timeout_s = 300.0; // data group: gradient all-reduce
   double rendezvous_timeout_s = 120.0; // reaching the coordinator and the store, connecting the groups
@@ -148,6 +171,7 @@ struct ConfigDecision {
 struct JobConfig {
   JobSection job;
   ModelSection model;
+  LossSection loss;
   DataSection data;
   OptimSection optim;
   TrainSection train;

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "runtime/errors.h"
+#include "runtime/npy.h"
 
 namespace lockstep {
 namespace {
@@ -118,19 +119,19 @@ void check_images_and_labels(const std::string& dir, const std::string& prefix, 
 }  // namespace
 
 TrainTestData load_fashion_mnist(const std::string& dir) {
-  check_data_files(DataSection{"fashion-mnist", dir});
+  check_data_files(DataSection{"fashion-mnist", dir, {}, {}});
   auto load = [&](const std::string& prefix) {
     at::Tensor raw_images = read_idx_gz(dir + "/" + prefix + "-images-idx3-ubyte.gz", 3);
     at::Tensor raw_labels = read_idx_gz(dir + "/" + prefix + "-labels-idx1-ubyte.gz", 1);
     check_images_and_labels(dir, prefix, raw_images, raw_labels);
     Dataset set;
-    set.images = raw_images.to(torch::kFloat32)
+    set.inputs = raw_images.to(torch::kFloat32)
                      .div_(255.0)
                      .sub_(kFashionMean)
                      .div_(kFashionStd)
                      .unsqueeze(1)
                      .contiguous();
-    set.labels = raw_labels.to(torch::kInt64);
+    set.targets = raw_labels.to(torch::kInt64);
     return set;
   };
   TrainTestData data{load("train"), load("t10k"), ""};
@@ -145,14 +146,14 @@ TrainTestData make_synthetic(int64_t train_samples, uint64_t seed, double missin
   auto teacher = at::normal(0.0, 1.0, {28 * 28, 10}, generator);
   auto make = [&](int64_t n) {
     Dataset set;
-    set.images = at::normal(0.0, 1.0, {n, 1, 28, 28}, generator);
-    set.labels = set.images.reshape({n, 28 * 28}).matmul(teacher).argmax(1);
+    set.inputs = at::normal(0.0, 1.0, {n, 1, 28, 28}, generator);
+    set.targets = set.inputs.reshape({n, 28 * 28}).matmul(teacher).argmax(1);
     return set;
   };
   TrainTestData data{make(train_samples), make(test_samples), ""};
   if (missing_share > 0) {
     auto drop = at::empty({train_samples}).uniform_(0.0, 1.0, generator) < missing_share;
-    data.train.labels.masked_fill_(drop, -1);
+    data.train.targets.masked_fill_(drop, -1);
   }
   data.description = "synthetic (" + std::to_string(train_samples) + " train, " +
                      std::to_string(test_samples) + " test, missing targets " +
@@ -183,6 +184,21 @@ void validate_data_files(const DataSection& data) {
 }
 
 TrainTestData load_data(const DataSection& data, uint64_t seed) {
+  if (data.name == "arrays") {
+    TrainTestData out;
+    out.train = read_array_folder(data.train, "data.train");
+    out.test = read_array_folder(data.test, "data.test");
+    if (out.train.inputs.sizes().slice(1) != out.test.inputs.sizes().slice(1))
+      throw InputError("data.train inputs are " + c10::str(out.train.inputs.sizes()) +
+                       " but data.test inputs are " + c10::str(out.test.inputs.sizes()) +
+                       ": the same shape per sample is needed");
+    out.description = "arrays: train " + data.train + " (" + std::to_string(out.train.size()) +
+                      " rows, inputs " + c10::str(out.train.inputs.sizes()) + ", targets " +
+                      c10::str(out.train.targets.sizes()) + " " +
+                      std::string(c10::toString(out.train.targets.scalar_type())) + "), test " +
+                      data.test + " (" + std::to_string(out.test.size()) + " rows)";
+    return out;
+  }
   if (data.name == "synthetic")
     return make_synthetic(data.synthetic_samples, seed, data.missing_targets);
   return load_fashion_mnist(data.path);

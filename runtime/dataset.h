@@ -1,6 +1,9 @@
 #pragma once
-// Training and test data held in memory, decoded once. Images are float32
-// [N, 1, 28, 28], normalised; labels are int64 [N] with -1 for "missing".
+// Training and test data held in memory, decoded once: inputs (float32,
+// any shape [N, ...]) and targets ([N, ...]: int64 classes with -1 for
+// "missing", or float values with NaN for "missing"). Fashion-MNIST gives
+// images [N, 1, 28, 28], normalised, and class labels; data.name = arrays
+// takes any inputs and targets from numpy's .npy files.
 #include <cstdint>
 #include <string>
 
@@ -11,9 +14,9 @@
 namespace lockstep {
 
 struct Dataset {
-  at::Tensor images;
-  at::Tensor labels;
-  int64_t size() const { return labels.size(0); }
+  at::Tensor inputs;
+  at::Tensor targets;
+  int64_t size() const { return targets.size(0); }
 };
 
 struct TrainTestData {

@@ -27,11 +27,11 @@ TensorDigest digest(const at::Tensor& tensor) {
   return d;
 }
 
-NamedDigests module_digests(const torch::nn::Module& module, bool buffers) {
+NamedDigests model_digests(const Model& model, bool buffers) {
   NamedDigests out;
-  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), digest(item.value()));
+  for (const auto& [name, tensor] : model.parameters()) out.emplace_back(name, digest(tensor));
   if (buffers)
-    for (const auto& item : module.named_buffers()) out.emplace_back(item.key(), digest(item.value()));
+    for (const auto& [name, tensor] : model.buffers()) out.emplace_back(name, digest(tensor));
   return out;
 }
 

@@ -9,9 +9,8 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace torch::nn {
-class Module;
-}
+#include "runtime/model/model.h"
+
 
 namespace lockstep {
 
@@ -32,7 +31,7 @@ uint64_t hash_bytes(const void* data, size_t size);
 using NamedDigests = std::vector<std::pair<std::string, TensorDigest>>;
 
 // Every parameter, and with `buffers` every buffer, by name.
-NamedDigests module_digests(const torch::nn::Module& module, bool buffers);
+NamedDigests model_digests(const Model& model, bool buffers);
 
 // One digest over a list: its names and their hashes, in order.
 std::string combined_hex(const NamedDigests& digests);

@@ -1,9 +1,12 @@
 #include "runtime/models.h"
 
+#include <sstream>
+
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "runtime/errors.h"
+#include "runtime/model/scripted_model.h"
 
 namespace lockstep {
 namespace {
@@ -11,7 +14,7 @@ namespace {
 namespace nn = torch::nn;
 
 // 784-256-128-10 with ReLU.
-class Mlp : public Model {
+class Mlp : public NativeModule {
  public:
   Mlp()
       : fc1_(register_module("fc1", nn::Linear(784, 256))),
@@ -30,7 +33,7 @@ class Mlp : public Model {
 };
 
 // Two 3x3 conv + max-pool blocks (32, 64 channels), fc 128, dropout, fc 10.
-class Cnn : public Model {
+class Cnn : public NativeModule {
  public:
   explicit Cnn(double dropout)
       : conv1_(register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)))),
@@ -55,7 +58,7 @@ class Cnn : public Model {
 
 // 784 -> 64, then 24 Linear(64, 64) layers, then 64 -> 10: many small
 // gradients, so per-tensor overheads dominate.
-class DeepNarrowMlp : public Model {
+class DeepNarrowMlp : public NativeModule {
  public:
   DeepNarrowMlp() : input_(register_module("input", nn::Linear(784, 64))) {
     for (int i = 0; i < 24; ++i)
@@ -113,7 +116,7 @@ class CpuAutocast {
 
 }  // namespace
 
-void Model::set_fp32_modules(const std::vector<std::string>& names) {
+void NativeModule::set_fp32_modules(const std::vector<std::string>& names) {
   std::string children;
   for (const auto& child : named_children()) children += (children.empty() ? "" : ", ") + child.key();
   for (const auto& name : names) {
@@ -126,7 +129,7 @@ void Model::set_fp32_modules(const std::vector<std::string>& names) {
   fp32_modules_ = names;
 }
 
-at::Tensor Model::run(const std::string& name,
+at::Tensor NativeModule::run(const std::string& name,
                       const std::function<at::Tensor(const at::Tensor&)>& call,
                       const at::Tensor& input) {
   at::Tensor output;
@@ -141,21 +144,86 @@ at::Tensor Model::run(const std::string& name,
   return output;
 }
 
-at::Tensor forward_logits(Model& model, const at::Tensor& images, at::ScalarType autocast) {
-  if (autocast == at::kFloat) return model.forward(images);
-  at::Tensor logits;
+at::Tensor forward_output(Model& model, const at::Tensor& input, at::ScalarType autocast) {
+  if (autocast == at::kFloat) return model.forward(input);
+  at::Tensor output;
   {
     CpuAutocast scope(autocast);
-    logits = model.forward(images);
+    output = model.forward(input);
   }
-  return logits.to(at::kFloat);  // the loss in fp32
+  return output.to(at::kFloat);  // the loss in fp32
+}
+
+at::Tensor Model::own_loss(const at::Tensor&, const at::Tensor&) {
+  throw InputError("loss.name = model needs a model with a loss(output, target) method; " +
+                   description() + " has none");
+}
+
+namespace {
+
+class NativeModel : public Model {
+ public:
+  NativeModel(std::shared_ptr<NativeModule> module, std::string name)
+      : module_(std::move(module)), name_(std::move(name)) {}
+
+  at::Tensor forward(const at::Tensor& input) override { return module_->forward(input); }
+  NamedTensors parameters() const override {
+    NamedTensors out;
+    for (const auto& item : module_->named_parameters())
+      if (item.value().requires_grad()) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  NamedTensors buffers() const override {
+    NamedTensors out;
+    for (const auto& item : module_->named_buffers()) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  void train(bool on) override { module_->train(on); }
+  bool is_training() const override { return module_->is_training(); }
+  void set_fp32_modules(const std::vector<std::string>& names) override {
+    module_->set_fp32_modules(names);
+  }
+  void set_overflow_check(bool on) override { module_->set_overflow_check(on); }
+  std::string take_overflow() override {
+    std::string first = module_->first_overflow();
+    module_->clear_overflow();
+    return first;
+  }
+  std::string saved_bytes() override {
+    std::ostringstream bytes;
+    torch::save(std::static_pointer_cast<torch::nn::Module>(module_), bytes);
+    return bytes.str();
+  }
+  std::string description() const override { return "the built-in " + name_; }
+
+  std::shared_ptr<NativeModule> module() const { return module_; }
+
+ private:
+  std::shared_ptr<NativeModule> module_;
+  std::string name_;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> wrap_native(std::shared_ptr<NativeModule> module, const std::string& name) {
+  return std::make_shared<NativeModel>(std::move(module), name);
+}
+
+std::shared_ptr<NativeModule> native_module(const std::shared_ptr<Model>& model) {
+  auto native = std::dynamic_pointer_cast<NativeModel>(model);
+  return native ? native->module() : nullptr;
 }
 
 ModelRegistry ModelRegistry::with_builtins() {
   ModelRegistry registry;
-  registry.add("mlp", [](const ModelSection&) { return std::make_shared<Mlp>(); });
-  registry.add("cnn", [](const ModelSection& m) { return std::make_shared<Cnn>(m.dropout); });
-  registry.add("deep_mlp", [](const ModelSection&) { return std::make_shared<DeepNarrowMlp>(); });
+  registry.add("mlp", [](const ModelSection&) { return wrap_native(std::make_shared<Mlp>(), "mlp"); });
+  registry.add("cnn", [](const ModelSection& m) {
+    return wrap_native(std::make_shared<Cnn>(m.dropout), "cnn");
+  });
+  registry.add("deep_mlp", [](const ModelSection&) {
+    return wrap_native(std::make_shared<DeepNarrowMlp>(), "deep_mlp");
+  });
+  registry.add("torchscript", [](const ModelSection& m) { return load_scripted_model(m); });
   return registry;
 }
 
@@ -174,7 +242,9 @@ std::shared_ptr<Model> ModelRegistry::build(const ModelSection& model) const {
   if (it == factories_.end()) {
     std::string known;
     for (const auto& name : names()) known += (known.empty() ? "" : ", ") + name;
-    throw InputError("model.name = " + model.name + " is not registered (allowed: " + known + ")");
+    throw InputError("model.name = " + model.name + " is not registered (allowed: " + known +
+                     "); a PyTorch model of your own: save it with python/lockstep_model.py and "
+                     "set model.name = torchscript, model.path = FILE (README: Bring your own model)");
   }
   return it->second(model);
 }

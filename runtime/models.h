@@ -1,7 +1,9 @@
 #pragma once
-// Models and the registry they are built from. A model maps a batch of
-// images [B, 1, 28, 28] to logits [B, 10]. Users add their own models from
-// C++ by registering a factory under a new name before starting a worker.
+// Built-in models and the registry models are built from. The built-ins
+// (mlp, cnn, deep_mlp) map images [B, 1, 28, 28] to logits [B, 10];
+// model.name = "torchscript" loads any module saved from Python instead
+// (runtime/model/scripted_model.h). Users add models from C++ by
+// registering a factory under a new name before starting a worker.
 #include <functional>
 #include <map>
 #include <memory>
@@ -11,16 +13,18 @@
 #include <torch/nn/module.h>
 
 #include "runtime/config.h"
+#include "runtime/model/model.h"
 
 namespace lockstep {
 
-// A model under a precision policy: forward() calls each child module
-// through run(), which applies precision.fp32_modules (that child runs with
-// autocast off, its input cast to fp32 before it runs) and, when asked, the
-// overflow finder (the first child whose output holds inf or NaN).
-class Model : public torch::nn::Module {
+// A model written in C++ under a precision policy: forward() calls each
+// child module through run(), which applies precision.fp32_modules (that
+// child runs with autocast off, its input cast to fp32 before it runs) and,
+// when asked, the overflow finder (the first child whose output holds inf
+// or NaN).
+class NativeModule : public torch::nn::Module {
  public:
-  virtual at::Tensor forward(at::Tensor images) = 0;
+  virtual at::Tensor forward(at::Tensor input) = 0;
 
   // Children listed here run in fp32 under autocast. Throws InputError
   // naming an unknown child and the ones there are.
@@ -41,16 +45,19 @@ class Model : public torch::nn::Module {
   std::string first_overflow_;
 };
 
-// The model's logits for `images` in fp32: under CPU autocast to `autocast`
-// (at::kBFloat16) unless it is at::kFloat.
-at::Tensor forward_logits(Model& model, const at::Tensor& images, at::ScalarType autocast);
+// `module` behind the Model interface; model-final.pt is a torch::save
+// archive of it. `name` is for messages.
+std::shared_ptr<Model> wrap_native(std::shared_ptr<NativeModule> module, const std::string& name);
+// The module behind a wrapped native model (nullptr for any other model).
+std::shared_ptr<NativeModule> native_module(const std::shared_ptr<Model>& model);
 
 using ModelFactory = std::function<std::shared_ptr<Model>(const ModelSection&)>;
 
 // Name -> factory. Not thread-safe; fill it before training starts.
 class ModelRegistry {
  public:
-  // A registry holding the built-in models: mlp, cnn, deep_mlp.
+  // A registry holding the built-in models (mlp, cnn, deep_mlp) and
+  // torchscript (model.path).
   static ModelRegistry with_builtins();
 
   // Adds or replaces `name`.

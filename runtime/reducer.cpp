@@ -105,6 +105,8 @@ void GradientReducer::start_step(bool zero_gradients) {
   bind_gradients(/*keep_values=*/!zero_gradients);
   tail_slot(kRanksMissingGradients).fill_(0.0);
   tail_slot(kRanksAskingToStop).fill_(0.0);
+  tail_slot(kLossSum).fill_(0.0);
+  tail_slot(kSamples).fill_(0.0);
   stop_agreed_ = false;
   next_launch_ = 0;
   launched_early_ = 0;
@@ -113,12 +115,15 @@ void GradientReducer::start_step(bool zero_gradients) {
   std::fill(ever_arrived_.begin(), ever_arrived_.end(), false);
 }
 
-void GradientReducer::begin_microbatch(int64_t micro, int64_t count, double local_count) {
+void GradientReducer::begin_microbatch(int64_t micro, int64_t count, double local_count,
+                                       double local_loss_sum, double local_samples) {
   if (micro == 0) start_step(/*zero_gradients=*/true);
   std::fill(arrived_.begin(), arrived_.end(), false);
   for (auto& bucket : buckets_) bucket.waiting = int64_t(bucket.members.size());
   last_microbatch_ = micro + 1 == count;
   tail_slot(kValidCount).fill_(local_count);
+  tail_slot(kLossSum).fill_(local_loss_sum);
+  tail_slot(kSamples).fill_(local_samples);
   if (asking_to_stop_) tail_slot(kRanksAskingToStop).fill_(1.0);
 }
 
@@ -180,6 +185,8 @@ double GradientReducer::finish() {
     bucket.work->wait();
   }
   const double global_count = tail_slot(kValidCount).item<double>();
+  global_loss_sum_ = tail_slot(kLossSum).item<double>();
+  global_samples_ = tail_slot(kSamples).item<double>();
   const auto ranks_missing = int64_t(tail_slot(kRanksMissingGradients).item<double>());
   stop_agreed_ = tail_slot(kRanksAskingToStop).item<double>() > 0.5;
   asking_to_stop_ = false;

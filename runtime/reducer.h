@@ -61,8 +61,12 @@ class GradientReducer {
 
   // Before the backward pass of microbatch `micro` (0-based) of `count`;
   // microbatch 0 zeroes the gradients. `local_count` is this rank's valid
-  // samples in the step's microbatches up to and including this one.
-  void begin_microbatch(int64_t micro, int64_t count, double local_count);
+  // samples in the step's microbatches up to and including this one;
+  // `local_loss_sum` and `local_samples` likewise (the loss over them, and
+  // every sample seen, valid or not): they ride along and are summed over
+  // ranks (global_loss_sum(), global_samples()).
+  void begin_microbatch(int64_t micro, int64_t count, double local_count,
+                        double local_loss_sum = 0.0, double local_samples = 0.0);
 
   // After the last backward of the step: completes the all-reduce and
   // leaves sum / global count in every .grad. Returns the global count
@@ -82,6 +86,9 @@ class GradientReducer {
   // with no collective of its own.
   void ask_to_stop() { asking_to_stop_ = true; }
   bool stop_agreed() const { return stop_agreed_; }
+  // After finish(): the loss sum and the samples of the step over all ranks.
+  double global_loss_sum() const { return global_loss_sum_; }
+  double global_samples() const { return global_samples_; }
 
   // Non-finite values among the gradients finish() produced (one pass over
   // the flat buckets; an exact count only when there are some).
@@ -120,7 +127,9 @@ class GradientReducer {
     kValidCount = 0,
     kRanksMissingGradients = 1,
     kRanksAskingToStop = 2,
-    kTailSlots = 3
+    kLossSum = 3,
+    kSamples = 4,
+    kTailSlots = 5
   };
 
   at::Tensor slot_of(size_t index) const;
@@ -134,6 +143,8 @@ class GradientReducer {
 
   std::vector<std::pair<std::string, at::Tensor>> params_;
   bool asking_to_stop_ = false;
+  double global_loss_sum_ = 0.0;
+  double global_samples_ = 0.0;
   bool stop_agreed_ = false;
   CollectiveGroup& group_;
   ReducerOptions options_;

@@ -14,11 +14,13 @@ class RunObserver {
   virtual ~RunObserver() = default;
   // startup | train | eval | done
   virtual void on_phase(const std::string& phase) { (void)phase; }
-  // After every optimizer step (1-based), with this rank's recent mean loss
-  // and the global samples per second.
+  // After every optimizer step (1-based), with the recent mean training
+  // loss over the global batch and the global samples per second.
   virtual void on_step(int64_t step, double loss, double samples_per_s) {
     (void)step, (void)loss, (void)samples_per_s;
   }
+  // After every evaluation: "step N: test loss ..., accuracy ..." (the same on every rank).
+  virtual void on_eval(const std::string& summary) { (void)summary; }
   // After every audit, with its summary (AuditResult::to_json()).
   virtual void on_audit(const nlohmann::json& summary) { (void)summary; }
   // True once the run should end cleanly after the current step.

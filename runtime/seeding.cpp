@@ -13,9 +13,9 @@ namespace lockstep {
 
 void seed_everything(uint64_t seed) { torch::manual_seed(seed); }
 
-std::string verify_identical_parameters(ControlGroup& control, const torch::nn::Module& model,
+std::string verify_identical_parameters(ControlGroup& control, const Model& model,
                                         DecisionLog& log) {
-  NamedDigests digests = module_digests(model, /*buffers=*/true);
+  NamedDigests digests = model_digests(model, /*buffers=*/true);
   std::vector<int64_t> flat;
   for (const auto& [name, d] : digests) {
     flat.push_back(int64_t(d.high));

@@ -11,10 +11,8 @@
 
 #include "runtime/control_group.h"
 #include "runtime/decisions.h"
+#include "runtime/model/model.h"
 
-namespace torch::nn {
-class Module;
-}
 
 namespace lockstep {
 
@@ -24,7 +22,7 @@ void seed_everything(uint64_t seed);
 // All-gathers every parameter's digest on the control group. Returns the
 // combined digest when all ranks agree; otherwise throws RunError naming the
 // first differing tensor and which ranks hold which version.
-std::string verify_identical_parameters(ControlGroup& control, const torch::nn::Module& model,
+std::string verify_identical_parameters(ControlGroup& control, const Model& model,
                                         DecisionLog& log);
 
 // Hash of a 4096-element Bernoulli(0.5) mask (a dropout mask) drawn from a

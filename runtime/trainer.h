@@ -64,6 +64,7 @@ struct TrainingResult {
   double allreduce_hidden_share = 0;  // gradient bytes all-reduced before backward ended
   int64_t stopped_at_step = 0;   // > 0: stopped there on request (RunObserver::stop_requested), not the end
   std::vector<std::vector<std::string>> shared_gradients;  // from the clip check
+  std::string eval_summary;      // the last evaluation, for the log
   nlohmann::json to_json() const;
 };
 
@@ -71,5 +72,9 @@ struct TrainingResult {
 int64_t total_steps(const JobConfig& config, int64_t batches_per_epoch);
 
 TrainingResult train(TrainerParts parts);
+
+class Objective;
+// "test loss 0.41 (cross_entropy), accuracy 0.85, top5_accuracy 0.99": for the log.
+std::string describe_metrics(const Objective& objective, const EvalResult& eval);
 
 }  // namespace lockstep

@@ -37,13 +37,16 @@ void HeartbeatLoop::stop() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
-  // One last heartbeat carries the audits of the final steps.
+  // One last heartbeat carries the audits of the final steps and the final evaluation.
   std::lock_guard<std::mutex> lock(mutex_);
-  if (unsent_audits_.empty()) return;
+  if (unsent_audits_.empty() && !eval_unsent_) return;
   v1::HeartbeatRequest request = latest_;
   for (auto& audit : unsent_audits_) request.add_audits_json(audit);
   v1::HeartbeatReply reply;
-  if (client_.heartbeat(request, &reply, std::chrono::milliseconds(5000)).ok()) unsent_audits_.clear();
+  if (client_.heartbeat(request, &reply, std::chrono::milliseconds(5000)).ok()) {
+    unsent_audits_.clear();
+    eval_unsent_ = false;
+  }
 }
 
 bool HeartbeatLoop::wait_for_generation_end(std::chrono::milliseconds timeout) {
@@ -61,6 +64,12 @@ void HeartbeatLoop::on_step(int64_t step, double loss, double samples_per_s) {
   latest_.set_step(step);
   latest_.set_loss(loss);
   latest_.set_samples_per_s(samples_per_s);
+}
+
+void HeartbeatLoop::on_eval(const std::string& summary) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  latest_.set_eval(summary.substr(0, 1000));
+  eval_unsent_ = true;
 }
 
 void HeartbeatLoop::on_audit(const nlohmann::json& summary) {
@@ -87,6 +96,7 @@ void HeartbeatLoop::run() {
     v1::HeartbeatRequest request = latest_;
     for (auto& audit : unsent_audits_) request.add_audits_json(audit);
     const size_t sending = unsent_audits_.size();
+    const std::string eval_sent = request.eval();
     lock.unlock();
     v1::HeartbeatReply reply;
     auto deadline = std::min(options_.timeout, std::chrono::milliseconds(5000));
@@ -96,6 +106,7 @@ void HeartbeatLoop::run() {
       {
         std::lock_guard<std::mutex> sent(mutex_);
         unsent_audits_.erase(unsent_audits_.begin(), unsent_audits_.begin() + long(sending));
+        if (latest_.eval() == eval_sent) eval_unsent_ = false;
       }
       if (reply.command() == v1::HeartbeatReply::ABORT)
         leave("rank " + std::to_string(options_.rank) + ": the coordinator says abort: " +

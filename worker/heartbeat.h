@@ -44,6 +44,7 @@ class HeartbeatLoop : public RunObserver {
   void on_phase(const std::string& phase) override;
   void on_step(int64_t step, double loss, double samples_per_s) override;
   void on_audit(const nlohmann::json& summary) override;
+  void on_eval(const std::string& summary) override;
   bool stop_requested() override;
 
   // Stops sending (before the final Report).
@@ -65,6 +66,7 @@ class HeartbeatLoop : public RunObserver {
   bool stopping_ = false;        // guarded by mutex_
   v1::HeartbeatRequest latest_;  // guarded by mutex_
   std::vector<std::string> unsent_audits_;  // guarded by mutex_
+  bool eval_unsent_ = false;                // guarded by mutex_
   std::atomic<bool> stop_requested_{false};
   std::thread thread_;
 };

@@ -20,6 +20,7 @@
 #include "runtime/errors.h"
 #include "runtime/machine.h"
 #include "runtime/network.h"
+#include "runtime/objective.h"
 #include "runtime/phase_timer.h"
 #include "runtime/run_folder.h"
 #include "runtime/seeding.h"
@@ -59,17 +60,56 @@ void warn_test_switches(const JobConfig& config, DecisionLog& log) {
 void check_injected_faults(const JobConfig& config, const ModelRegistry& registry) {
   auto model = registry.build(config.model);  // throws InputError for an unknown name
   model->set_fp32_modules(split_names(config.precision.fp32_modules));
+  model->set_overflow_check(config.precision.check_overflow);
+  make_objective(config.loss, *model);  // loss.name = model needs the model's loss method
   for (const auto& fault : parse_injected_faults(config.fault.inject)) {
     std::string names;
     bool found = false;
-    for (const auto& item : model->named_parameters()) {
-      found |= item.key() == fault.tensor;
-      names += (names.empty() ? "" : ", ") + item.key();
+    for (const auto& [name, tensor] : model->parameters()) {
+      found |= name == fault.tensor;
+      names += (names.empty() ? "" : ", ") + name;
     }
     if (!found)
       throw InputError("fault.inject names tensor '" + fault.tensor + "', which model " +
                        config.model.name + " does not have (it has: " + names + ")");
   }
+}
+
+std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRegistry& registry,
+                                          const TrainTestData& data) {
+  auto model = registry.build(config.model);
+  model->set_fp32_modules(split_names(config.precision.fp32_modules));
+  model->set_overflow_check(config.precision.check_overflow);
+  auto objective = make_objective(config.loss, *model);
+  const int64_t rows = std::min<int64_t>(config.data.batch_size, data.train.size());
+  const at::Tensor input = data.train.inputs.narrow(0, 0, rows);
+  const at::Tensor target = data.train.targets.narrow(0, 0, rows);
+  torch::NoGradGuard no_grad;
+  model->train(false);  // BatchNorm's running statistics stay as loaded
+  at::Tensor output;
+  try {
+    output = forward_output(*model, input, at::kFloat);
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    message = message.substr(0, message.find("\nException raised from"));
+    throw InputError(model->description() + " rejects the data's input of shape " +
+                     c10::str(input.sizes()) + " (" + config.data.name + ", data.batch_size " +
+                     std::to_string(config.data.batch_size) + "): " + message);
+  }
+  try {
+    objective->loss(output, target);
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    message = message.substr(0, message.find("\nException raised from"));
+    throw InputError("loss.name = " + config.loss.name + " fails on " + model->description() +
+                     "'s output " + c10::str(output.sizes()) + " and the targets " +
+                     c10::str(target.sizes()) + ": " + message);
+  }
+  return model->decisions();
 }
 
 namespace {
@@ -122,6 +162,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   check_injected_faults(config, registry);  // also: an unknown model.name is an InputError
   TrainTestData data = load_data(config.data, uint64_t(config.job.seed));
   spdlog::info("data: {}", data.description);
+  const std::vector<Decision> model_decisions = check_model_on_data(config, registry, data);
 
   RendezvousResult place = rendezvous.join(to_ms(config.comm.rendezvous_timeout_s));
   const int rank = place.rank, world = place.world_size;
@@ -197,6 +238,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     // Seeding, first half: the same init on every rank, checked.
     seed_everything(uint64_t(config.job.seed));
     std::shared_ptr<Model> model = registry.build(config.model);
+    for (const auto& d : model_decisions) decisions.record(d.what, d.value, d.reason);
     const std::string init_digest = verify_identical_parameters(*control, *model, decisions);
     // Second half: an independent stream per rank, checked.
     const uint64_t train_seed = uint64_t(config.job.seed) + (config.test.no_reseed ? 0 : rank);
@@ -222,11 +264,16 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
       events.write({{"event", "decision"}, {"what", d.what}, {"value", d.value}, {"reason", d.reason}});
 
     int64_t parameter_count = 0;
-    for (const auto& p : model->parameters()) parameter_count += p.numel();
+    for (const auto& [name, p] : model->parameters()) parameter_count += p.numel();
     if (rank == 0) {
       nlohmann::json probes = nlohmann::json::array();
       for (uint64_t p : streams.probes) probes.push_back(TensorDigest{0, p, 0}.hex().substr(16));
-      manifest.body["model"] = {{"name", config.model.name}, {"parameters", parameter_count}};
+      manifest.body["model"] = {{"name", config.model.name},
+                                {"description", model->description()},
+                                {"trainable_parameters", parameter_count},
+                                {"parameters", parameter_count},
+                                {"buffers", model->buffers().size()},
+                                {"loss", config.loss.name}};
       manifest.body["seeds"] = {{"init", config.job.seed},
                                 {"train_seed_rule", config.test.no_reseed ? "seed" : "seed + rank"}};
       manifest.body["checks"] = {{"init_parameters_identical", true},
@@ -238,7 +285,14 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     }
 
     EventWriter audit_evidence(folder.file("audit-rank" + std::to_string(rank) + ".jsonl"));
-    Auditor auditor(config.audit, *control, *model, audit_evidence);
+    AuditSection audit_options = config.audit;
+    if (config.comm.buffers == "local" && audit_options.buffers == "check" && !model->buffers().empty()) {
+      audit_options.buffers = "ignore";
+      decisions.record("audit_buffers", "ignore",
+                       "comm.buffers = local: each rank keeps its own buffers, so they are expected "
+                       "to differ; the audit checks parameters only");
+    }
+    Auditor auditor(audit_options, *control, *model, audit_evidence);
     decisions.record("audit",
                      config.audit.every > 0
                          ? "every " + std::to_string(config.audit.every) + " steps, policy " +
@@ -264,16 +318,14 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                                                machine.precision});
     if (options.observer) options.observer->on_phase("done");
 
-    const std::string final_digest = combined_hex(module_digests(*model, true));
+    const std::string final_digest = combined_hex(model_digests(*model, true));
     const bool stopped = result.stopped_at_step > 0;  // on request, to be resumed
     if (!stopped) {
       auto scope = timer.measure(Phase::kCheckpoint);
       if (rank == 0) {
         // Serialised in memory, then written atomically: a full disk leaves
         // no 0-byte or half model-final.pt, and the error names the file.
-        std::ostringstream bytes;
-        torch::save(std::static_pointer_cast<torch::nn::Module>(model), bytes);
-        write_file_atomically(folder.file("model-final.pt"), bytes.str());
+        write_file_atomically(folder.file("model-final.pt"), model->saved_bytes());
       }
     }
     control->barrier("end");
@@ -281,6 +333,9 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                                                       options.process_start).count();
     nlohmann::json metrics = result.to_json();
     metrics["final_param_digest"] = final_digest;
+    NamedDigests buffer_digests;  // per rank: whether comm.buffers kept them equal
+    for (const auto& [name, tensor] : model->buffers()) buffer_digests.emplace_back(name, digest(tensor));
+    metrics["final_buffer_digest"] = combined_hex(buffer_digests);
     events.write({{"event", "end"}, {"metrics", metrics}, {"phases", timer.to_json(wall)},
                   {"final_param_digest", final_digest}, {"peak_rss_mb", peak_rss_mb()}});
     if (rank == 0) {
@@ -295,10 +350,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
         spdlog::info("run folder: {}", folder.path());
         return WorkerSummary{metrics, decisions.to_json()};
       }
-      spdlog::info("test accuracy {:.4f}, test loss {:.4f} after {} steps ({} masked targets on "
-                   "rank 0, {} skipped steps)",
-                   result.last_eval.accuracy, result.last_eval.loss, result.steps,
-                   result.masked_targets, result.skipped_steps);
+      spdlog::info("{} after {} steps ({} masked targets on rank 0, {} skipped steps)",
+                   result.eval_summary, result.steps, result.masked_targets, result.skipped_steps);
       spdlog::info("time by phase on rank 0:\n{}", timer.table(wall));
       if (timer.seconds(Phase::kEval) > timer.train_seconds())
         spdlog::warn("evaluation took longer than training ({:.1f} s vs {:.1f} s): raise "

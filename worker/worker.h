@@ -41,6 +41,16 @@ struct WorkerSummary {
 // modules. Throws InputError (an unknown model.name too).
 void check_injected_faults(const JobConfig& config, const ModelRegistry& registry);
 
+struct TrainTestData;
+// Before any process group: builds the model, applies the precision policy
+// and runs one forward and loss in eval mode, without gradients, on the
+// first training batch, so a model that rejects the data's shape, a
+// model.output that does not exist or a loss that does not fit is an
+// InputError quoting the model's own message and the input shape tried.
+// Returns the model's decisions (tied and frozen parameters, the output picked).
+std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRegistry& registry,
+                         const TrainTestData& data);
+
 WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const ModelRegistry& registry,
                 const WorkerOptions& options);
 

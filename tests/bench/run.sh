@@ -17,5 +17,7 @@ echo "== recovery after a killed worker" >&2
 /usr/bin/python3 "$here/recovery.py" "$build" "$repetitions"
 echo "== bf16 against fp32" >&2
 /usr/bin/python3 "$here/precision.py" "$build" "$repetitions"
+echo "== scripted resnet18: lockstep against PyTorch DDP, TorchScript against eager" >&2
+/usr/bin/python3 "$here/scripted_resnet.py" "$build" "$repetitions"
 echo "== step time across namespace hosts and capped links (root)" >&2
 "$build/tests/bench/multihost_links" "$repetitions" 60 || echo "multihost_links: skipped or failed (it needs root)" >&2

@@ -56,10 +56,10 @@ struct Replica {
     ModelSection section;
     section.name = "cnn";
     model = ModelRegistry::with_builtins().build(section);
-    for (const auto& item : model->named_parameters()) {
-      params.emplace_back(item.key(), item.value());
-      originals.push_back(at::normal(0.0, 1.0, item.value().sizes(), generator));
-      floats += item.value().numel();
+    for (const auto& [name, tensor] : model->parameters()) {
+      params.emplace_back(name, tensor);
+      originals.push_back(at::normal(0.0, 1.0, tensor.sizes(), generator));
+      floats += tensor.numel();
     }
     ReducerOptions options;
     options.bucket_bytes = int64_t(bucket_mb * (1 << 20));

@@ -67,7 +67,7 @@ TEST(BadInput, TruncatedIdxFile) {
 TEST(BadInput, UnknownModelAndImpossibleDevice) {
   TempDir dir;
   expect_bad_input(dir, synthetic_run(dir, 2, {"model.name=resnet"}),
-                   "model.name = resnet is not registered (allowed: cnn, deep_mlp, mlp)");
+                   "model.name = resnet is not registered (allowed: cnn, deep_mlp, mlp, torchscript)");
   expect_bad_input(dir, synthetic_run(dir, 2, {"device=gpu"}), "device = gpu");
 }
 

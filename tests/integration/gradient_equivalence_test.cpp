@@ -19,9 +19,9 @@ std::vector<at::Tensor> trained_parameters(const TempDir& dir, int nproc,
   ModelSection section;
   section.name = "mlp";
   auto model = ModelRegistry::with_builtins().build(section);
-  auto module = std::static_pointer_cast<torch::nn::Module>(model);
+  auto module = std::static_pointer_cast<torch::nn::Module>(native_module(model));
   torch::load(module, single_run(dir.path() + "/runs") + "/model-final.pt");
-  return model->parameters();
+  return module->parameters();
 }
 
 double max_abs_difference(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {

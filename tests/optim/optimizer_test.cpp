@@ -67,9 +67,50 @@ TEST(Optimizer, FlatAdamwMatchesLibTorchAdamw) {
   }
 }
 
+// The same check for the rest: Nesterov SGD, Adam (L2 weight decay) and
+// RMSprop with and without momentum, each against LibTorch's own.
+template <typename Reference>
+void expect_matches(const OptimizerSpec& spec, Reference& theirs, FlatAndReference& state) {
+  auto ours = make_optimizer({{state.flat_params, state.flat_grads}}, spec);
+  for (int step = 0; step < 6; ++step) {
+    state.set_gradients(step);
+    ours->step();
+    theirs.step();
+    EXPECT_TRUE(state.flat_params.allclose(state.reference_flat(), 1e-6, 1e-7))
+        << spec.name << " step " << step;
+  }
+}
+
+TEST(Optimizer, FlatNesterovSgdMatchesLibTorch) {
+  FlatAndReference state(5);
+  OptimizerSpec spec{"sgd", 0.1, 0.9, 0.01};
+  spec.nesterov = true;
+  torch::optim::SGD theirs(state.reference,
+                           torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(0.01).nesterov(true));
+  expect_matches(spec, theirs, state);
+}
+
+TEST(Optimizer, FlatAdamMatchesLibTorchAdam) {
+  FlatAndReference state(6);
+  OptimizerSpec spec{"adam", 0.01, 0.0, 0.05};
+  torch::optim::Adam theirs(state.reference, torch::optim::AdamOptions(0.01).weight_decay(0.05));
+  expect_matches(spec, theirs, state);
+}
+
+TEST(Optimizer, FlatRmspropMatchesLibTorchRmsprop) {
+  for (double momentum : {0.0, 0.9}) {
+    FlatAndReference state(7);
+    OptimizerSpec spec{"rmsprop", 0.01, momentum, 0.02};
+    torch::optim::RMSprop theirs(
+        state.reference,
+        torch::optim::RMSpropOptions(0.01).momentum(momentum).weight_decay(0.02).alpha(0.99).eps(1e-8));
+    expect_matches(spec, theirs, state);
+  }
+}
+
 // Saved state loaded into a fresh optimizer continues bit for bit.
 TEST(Optimizer, SaveAndLoadContinueBitForBit) {
-  for (const char* name : {"sgd", "adamw"}) {
+  for (const char* name : {"sgd", "adamw", "adam", "rmsprop"}) {
     FlatAndReference a(3), b(3);
     OptimizerSpec spec{name, 0.05, 0.9, 0.0};
     auto first = make_optimizer({{a.flat_params, a.flat_grads}}, spec);

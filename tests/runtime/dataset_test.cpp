@@ -158,18 +158,18 @@ TEST(FashionMnist, LoadsDebiansFilesNormalised) {
   TrainTestData data = load_fashion_mnist(dir);
   EXPECT_EQ(data.train.size(), 60000);
   EXPECT_EQ(data.test.size(), 10000);
-  EXPECT_EQ(data.train.images.sizes(), (std::vector<int64_t>{60000, 1, 28, 28}));
-  EXPECT_NEAR(data.train.images.mean().item<double>(), 0.0, 0.01);
-  EXPECT_NEAR(data.train.images.std().item<double>(), 1.0, 0.01);
-  EXPECT_EQ(data.train.labels.min().item<int64_t>(), 0);
-  EXPECT_EQ(data.train.labels.max().item<int64_t>(), 9);
+  EXPECT_EQ(data.train.inputs.sizes(), (std::vector<int64_t>{60000, 1, 28, 28}));
+  EXPECT_NEAR(data.train.inputs.mean().item<double>(), 0.0, 0.01);
+  EXPECT_NEAR(data.train.inputs.std().item<double>(), 1.0, 0.01);
+  EXPECT_EQ(data.train.targets.min().item<int64_t>(), 0);
+  EXPECT_EQ(data.train.targets.max().item<int64_t>(), 9);
 }
 
 TEST(Synthetic, SameSeedSameDataAndMissingShare) {
   auto a = make_synthetic(1000, 3, 0.25), b = make_synthetic(1000, 3, 0.25);
-  EXPECT_TRUE(a.train.images.equal(b.train.images));
-  EXPECT_TRUE(a.train.labels.equal(b.train.labels));
-  double missing = a.train.labels.lt(0).sum().item<double>() / 1000.0;
+  EXPECT_TRUE(a.train.inputs.equal(b.train.inputs));
+  EXPECT_TRUE(a.train.targets.equal(b.train.targets));
+  double missing = a.train.targets.lt(0).sum().item<double>() / 1000.0;
   EXPECT_NEAR(missing, 0.25, 0.05);
 }
 

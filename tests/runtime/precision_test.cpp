@@ -15,7 +15,7 @@ namespace lockstep {
 namespace {
 
 // body (identity-initialised) then head: Linear(1, 1) each.
-class TwoLayers : public Model {
+class TwoLayers : public NativeModule {
  public:
   TwoLayers()
       : body_(register_module("body", torch::nn::Linear(1, 1))),
@@ -36,19 +36,20 @@ class TwoLayers : public Model {
 const double kExact = 1.0 + std::ldexp(1.0, -10);  // 1.0009765625
 
 TEST(Precision, Fp32HeadKeepsFp32ResolutionUnderBf16Autocast) {
-  TwoLayers model;
+  std::shared_ptr<Model> wrapped = wrap_native(std::make_shared<TwoLayers>(), "two_layers");
+  Model& model = *wrapped;
   const at::Tensor one = torch::ones({1, 1});
   // fp32 throughout: the exact value.
-  EXPECT_DOUBLE_EQ(forward_logits(model, one, at::kFloat).item<double>(), kExact);
+  EXPECT_DOUBLE_EQ(forward_output(model, one, at::kFloat).item<double>(), kExact);
   // bf16 autocast, the head listed: its weight stays fp32, the value survives.
   model.set_fp32_modules({"head"});
-  at::Tensor listed = forward_logits(model, one, at::kBFloat16);
+  at::Tensor listed = forward_output(model, one, at::kBFloat16);
   EXPECT_EQ(listed.scalar_type(), at::kFloat);
   EXPECT_DOUBLE_EQ(listed.item<double>(), kExact);
   // Not listed, the output cast to fp32 afterwards: the step of bf16 is already
   // taken (1 + 2^-10 rounds to 1), a later cast cannot bring it back.
   model.set_fp32_modules({});
-  at::Tensor cast_after = forward_logits(model, one, at::kBFloat16);
+  at::Tensor cast_after = forward_output(model, one, at::kBFloat16);
   EXPECT_EQ(cast_after.scalar_type(), at::kFloat);
   EXPECT_DOUBLE_EQ(cast_after.item<double>(), 1.0);
 }

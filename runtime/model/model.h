@@ -1,0 +1,63 @@
+#pragma once
+// A model as the trainer sees it, whatever built it: a forward from one
+// input tensor to one output tensor, the trainable parameters (one entry per
+// storage, frozen ones left out), the buffers, train/eval mode, the
+// precision policy it can honour, an optional loss of its own, and the
+// trained model as a file. Built-in models (runtime/models.h) and
+// TorchScript modules saved from Python (runtime/model/scripted_model.h)
+// implement it; the trainer, checkpoints and audits know nothing else.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "runtime/decisions.h"
+
+namespace lockstep {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // The output for a batch of inputs (for a module returning a tuple or a
+  // dict, the element model.output picks).
+  virtual at::Tensor forward(const at::Tensor& input) = 0;
+  // Trainable parameters in registration order, one per storage: the ones
+  // the reducer all-reduces and the optimizer updates.
+  virtual NamedTensors parameters() const = 0;
+  // Every buffer (BatchNorm running statistics, counters), by name.
+  virtual NamedTensors buffers() const = 0;
+  virtual void train(bool on) = 0;
+  virtual bool is_training() const = 0;
+
+  // precision.fp32_modules: these submodules run with autocast off. Throws
+  // InputError naming a module the model lacks, or why it cannot be honoured.
+  virtual void set_fp32_modules(const std::vector<std::string>& names) = 0;
+  // precision.check_overflow: find the first module whose output holds
+  // inf/NaN. Throws InputError when the model cannot.
+  virtual void set_overflow_check(bool on) = 0;
+  // The first module whose output held inf/NaN since the last call ("" = none).
+  virtual std::string take_overflow() { return ""; }
+
+  // loss.name = model: the model's own loss, one value per sample.
+  virtual bool has_own_loss() const { return false; }
+  virtual at::Tensor own_loss(const at::Tensor& output, const at::Tensor& target);
+
+  // The trained model as the bytes of model-final.pt.
+  virtual std::string saved_bytes() = 0;
+  // Choices made while loading and on the first forward (tied weights,
+  // frozen parameters, the output element), for the decision log.
+  virtual std::vector<Decision> decisions() const { return {}; }
+  // "the built-in cnn", "the TorchScript module in net.pt": for messages.
+  virtual std::string description() const = 0;
+};
+
+// The model's output for `input` in fp32: under CPU autocast to `autocast`
+// (at::kBFloat16) unless it is at::kFloat.
+at::Tensor forward_output(Model& model, const at::Tensor& input, at::ScalarType autocast);
+
+}  // namespace lockstep

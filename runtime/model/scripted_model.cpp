@@ -1,0 +1,196 @@
+#include "runtime/model/scripted_model.h"
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include "runtime/errors.h"
+
+namespace lockstep {
+namespace {
+
+std::string first_line(const std::string& text) {
+  const auto end = text.find('\n');
+  return end == std::string::npos ? text : text.substr(0, end);
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+class ScriptedModel : public Model {
+ public:
+  ScriptedModel(torch::jit::Module module, const ModelSection& section)
+      : module_(std::move(module)), path_(section.path), output_key_(section.output) {
+    module_.train(true);  // torch::jit::load does not reliably restore the mode
+    // One entry per tensor: a weight tied between two layers appears under
+    // both names but is one variable, with one gradient.
+    std::map<const void*, std::string> first_name;
+    std::vector<std::string> frozen;
+    for (const auto& item : module_.named_parameters(/*recurse=*/true)) {
+      const void* impl = item.value.unsafeGetTensorImpl();
+      auto [it, inserted] = first_name.emplace(impl, item.name);
+      if (!inserted) {
+        decisions_.push_back({"tied_parameter", item.name + " = " + it->second,
+                              "the same tensor under two names: one gradient, one all-reduce, one "
+                              "update"});
+        continue;
+      }
+      if (!item.value.requires_grad()) {
+        frozen.push_back(item.name);
+        continue;
+      }
+      parameters_.emplace_back(item.name, item.value);
+    }
+    if (!frozen.empty())
+      decisions_.push_back({"frozen_parameters", std::to_string(frozen.size()) + " (" + join(frozen) + ")",
+                            "requires_grad = False in the saved module: neither all-reduced nor "
+                            "updated, kept as saved"});
+    if (parameters_.empty())
+      throw InputError("model.path = " + path_ + ": the TorchScript module has no trainable "
+                       "parameter (" + (frozen.empty() ? std::string("none at all: a torch.jit.freeze-d "
+                                                         "module has its weights folded into constants")
+                                                     : std::to_string(frozen.size()) +
+                                                           " with requires_grad = False") +
+                       "); save the module from torch.jit.script(model) before freezing it");
+  }
+
+  at::Tensor forward(const at::Tensor& input) override {
+    return pick_output(module_.forward({input}));
+  }
+  NamedTensors parameters() const override { return parameters_; }
+  NamedTensors buffers() const override {
+    NamedTensors out;
+    for (const auto& item : module_.named_buffers(/*recurse=*/true)) out.emplace_back(item.name, item.value);
+    return out;
+  }
+  void train(bool on) override { module_.train(on); }
+  bool is_training() const override { return module_.is_training(); }
+
+  void set_fp32_modules(const std::vector<std::string>& names) override {
+    if (!names.empty())
+      throw InputError("precision.fp32_modules = " + join(names) + " cannot be honoured for " +
+                       description() + ": running a submodule with autocast off needs a hook "
+                       "around it, and TorchScript drops Python hooks; cast inside the module "
+                       "(with torch.autocast(\"cpu\", enabled=False): ...) and leave "
+                       "precision.fp32_modules empty");
+  }
+  void set_overflow_check(bool on) override {
+    if (on)
+      throw InputError("precision.check_overflow = true cannot be honoured for " + description() +
+                       ": finding the first submodule with inf/NaN output needs forward hooks, "
+                       "which TorchScript drops; set it to false (non-finite losses and "
+                       "gradients are still caught)");
+  }
+
+  bool has_own_loss() const override { return module_.find_method("loss").has_value(); }
+  at::Tensor own_loss(const at::Tensor& output, const at::Tensor& target) override {
+    auto method = module_.find_method("loss");
+    if (!method) return Model::own_loss(output, target);
+    c10::IValue value = (*method)({output, target});
+    if (!value.isTensor())
+      throw InputError(description() + ": loss(output, target) returned " +
+                       value.tagKind() + ", not a tensor of one loss per sample");
+    return value.toTensor();
+  }
+
+  std::string saved_bytes() override {
+    std::ostringstream bytes;
+    module_.save(bytes);
+    return bytes.str();
+  }
+  std::string description() const override { return "the TorchScript module in " + path_; }
+  std::vector<Decision> decisions() const override { return decisions_; }
+
+ private:
+  at::Tensor pick_output(const c10::IValue& out) {
+    if (out.isTensor()) {
+      if (!output_key_.empty())
+        throw InputError("model.output = " + output_key_ + ", but " + description() +
+                         " returns a tensor; leave model.output empty");
+      return out.toTensor();
+    }
+    if (out.isTuple()) {
+      const auto& elements = out.toTupleRef().elements();
+      const std::string range = "0.." + std::to_string(int64_t(elements.size()) - 1);
+      if (output_key_.empty())
+        throw InputError(description() + " returns a tuple of " + std::to_string(elements.size()) +
+                         "; set model.output to the index of the element to train on (" + range + ")");
+      size_t used = 0;
+      int64_t index = -1;
+      try {
+        index = std::stoll(output_key_, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != output_key_.size() || index < 0 || index >= int64_t(elements.size()))
+        throw InputError("model.output = " + output_key_ + ": " + description() + " returns a tuple of " +
+                         std::to_string(elements.size()) + " (allowed: " + range + ")");
+      return element(elements[size_t(index)], "element " + output_key_);
+    }
+    if (out.isGenericDict()) {
+      std::vector<std::string> keys;
+      for (const auto& entry : out.toGenericDict())
+        keys.push_back(entry.key().isString() ? entry.key().toStringRef() : "(" + entry.key().tagKind() + ")");
+      if (output_key_.empty())
+        throw InputError(description() + " returns a dict; set model.output to the key of the "
+                         "element to train on (keys: " + join(keys) + ")");
+      for (const auto& entry : out.toGenericDict())
+        if (entry.key().isString() && entry.key().toStringRef() == output_key_)
+          return element(entry.value(), "key " + output_key_);
+      throw InputError("model.output = " + output_key_ + " is not a key of the dict " + description() +
+                       " returns (keys: " + join(keys) + ")");
+    }
+    throw InputError(description() + " returns " + out.tagKind() +
+                     "; lockstep trains on a tensor, or one element of a tuple or dict (model.output)");
+  }
+
+  at::Tensor element(const c10::IValue& value, const std::string& which) {
+    if (!value.isTensor())
+      throw InputError("model.output = " + output_key_ + ": " + which + " of what " + description() +
+                       " returns is " + value.tagKind() + ", not a tensor");
+    if (!reported_output_) {
+      reported_output_ = true;
+      decisions_.push_back({"model_output", which, "model.output picks it from what forward returns"});
+    }
+    return value.toTensor();
+  }
+
+  torch::jit::Module module_;
+  std::string path_;
+  std::string output_key_;
+  NamedTensors parameters_;
+  std::vector<Decision> decisions_;
+  bool reported_output_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> load_scripted_model(const ModelSection& section) {
+  if (section.path.empty())
+    throw InputError("model.name = torchscript needs model.path: a file saved from Python with "
+                     "torch.jit.script(model).save(\"net.pt\") (tools/lockstep_model.py does it)");
+  std::error_code error;
+  const auto status = std::filesystem::status(section.path, error);
+  if (!std::filesystem::exists(status))
+    throw InputError("model.path = " + section.path + ": no such file");
+  if (!std::filesystem::is_regular_file(status))
+    throw InputError("model.path = " + section.path + ": not a regular file");
+  torch::jit::Module module;
+  try {
+    module = torch::jit::load(section.path, torch::kCPU);
+  } catch (const std::exception& e) {
+    throw InputError("model.path = " + section.path + " is not a TorchScript module (" +
+                     first_line(e.what()) + "); save one from Python with "
+                     "torch.jit.script(model).save(path)");
+  }
+  return std::make_shared<ScriptedModel>(std::move(module), section);
+}
+
+}  // namespace lockstep

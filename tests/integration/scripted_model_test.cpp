@@ -1,0 +1,305 @@
+// Models written in Python: TorchScript modules made by Debian's
+// python3-torch (tests/python/scripted_fixtures.py), trained by real
+// lockstep processes over real Gloo, checked against PyTorch itself.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include "integration/jobs.h"
+#include "runtime/models.h"
+
+namespace lockstep::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kFixtures = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/python/scripted_fixtures.py";
+
+// Runs a shell command with a hard limit; returns its exit status and output.
+CommandResult shell(const std::string& command, int timeout_s = 120) {
+  CommandResult result;
+  const std::string line = "timeout -s KILL " + std::to_string(timeout_s) + " " + command + " 2>&1";
+  FILE* pipe = ::popen(line.c_str(), "r");
+  if (!pipe) return result;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) result.output.append(buffer, n);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// The fixtures (models and array folders) in `dir`/fx.
+std::string make_fixtures(const TempDir& dir) {
+  const std::string out = dir.path() + "/fx";
+  auto made = shell("/usr/bin/python3 " + kFixtures + " make " + out);
+  EXPECT_EQ(made.exit_code, 0) << made.output;
+  return out;
+}
+
+nlohmann::json python_json(const std::string& args) {
+  auto result = shell("/usr/bin/python3 " + kFixtures + " " + args);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  const auto start = result.output.rfind("\n{");
+  return nlohmann::json::parse(result.output.substr(start == std::string::npos ? 0 : start + 1));
+}
+
+// `lockstep run` on a scripted model and an array folder of the fixtures.
+std::vector<std::string> scripted_run(const TempDir& dir, const std::string& runs, int nproc,
+                                      const std::string& fx, const std::string& model,
+                                      const std::string& data, std::vector<std::string> sets) {
+  std::vector<std::string> all = {"model.name=torchscript", "model.path=" + fx + "/" + model,
+                                  "data.name=arrays", "data.train=" + fx + "/" + data + "/train",
+                                  "data.test=" + fx + "/" + data + "/test", "job.seed=5",
+                                  "data.batch_size=16", "job.run_dir=" + runs};
+  all.insert(all.end(), sets.begin(), sets.end());
+  std::vector<std::string> args = {"run", examples_dir() + "/synthetic.toml", "--nproc", std::to_string(nproc)};
+  for (auto& s : all) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  (void)dir;
+  return args;
+}
+
+std::string trained(const TempDir& dir, const std::string& name, int nproc, const std::string& fx,
+                    const std::string& model, const std::string& data,
+                    const std::vector<std::string>& sets) {
+  const std::string runs = dir.path() + "/" + name;
+  auto result = run_lockstep(scripted_run(dir, runs, nproc, fx, model, data, sets), dir.path(), 120);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  return single_run(runs);
+}
+
+std::map<std::string, at::Tensor> file_parameters(const std::string& path) {
+  std::map<std::string, at::Tensor> out;
+  torch::jit::Module module = torch::jit::load(path);
+  for (const auto& item : module.named_parameters()) out[item.name] = item.value.detach().clone();
+  return out;
+}
+
+double max_abs_difference(const std::map<std::string, at::Tensor>& a,
+                          const std::map<std::string, at::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (const auto& [name, tensor] : a) {
+    if (!b.count(name)) {
+      ADD_FAILURE() << name << " missing";
+      continue;
+    }
+    worst = std::max(worst, (tensor - b.at(name)).abs().max().item<double>());
+  }
+  return worst;
+}
+
+bool has_decision(const nlohmann::json& manifest, const std::string& what) {
+  for (const auto& d : manifest["decisions"])
+    if (d.value("what", "") == what) return true;
+  return false;
+}
+
+TEST(ScriptedModel, TrainsLikePyTorchEagerWithATiedWeightAndAFrozenLayer) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  struct Case {
+    std::string optim, lr;
+    std::vector<std::string> sets;
+  };
+  for (const Case& c : {Case{"sgd", "0.1", {"optim.momentum=0.9"}},
+                        Case{"adamw", "0.01", {"optim.weight_decay=0.01"}}}) {
+    std::vector<std::string> sets = {"optim.name=" + c.optim, "optim.lr=" + c.lr, "job.steps=10"};
+    sets.insert(sets.end(), c.sets.begin(), c.sets.end());
+    const std::string run = trained(dir, "runs-" + c.optim, 1, fx, "tied.pt", "classes", sets);
+    auto compared = python_json("eager " + fx + " " + fx + "/classes cross_entropy " + c.optim + " " +
+                                c.lr + " 10 16 5 " + run + "/model-final.pt");
+    std::printf("%s: max |lockstep - PyTorch eager| = %.3g (parameters moved up to %.3g)\n",
+                c.optim.c_str(), compared["max_abs_diff"].get<double>(),
+                compared["max_moved"].get<double>());
+    EXPECT_LE(compared["max_abs_diff"].get<double>(), 1e-5) << c.optim;
+    EXPECT_GT(compared["max_moved"].get<double>(), 1e-3) << "training moved nothing";
+    EXPECT_TRUE(compared["tied_in_file"].get<bool>()) << "model-final.pt lost the tie";
+    EXPECT_TRUE(compared["frozen_unchanged"].get<bool>()) << "a frozen parameter was updated";
+    auto manifest = read_json(run + "/manifest.json");
+    EXPECT_TRUE(has_decision(manifest, "tied_parameter")) << manifest["decisions"].dump();
+    EXPECT_TRUE(has_decision(manifest, "frozen_parameters")) << manifest["decisions"].dump();
+  }
+}
+
+TEST(ScriptedModel, ItsOwnLossMethodIsUsedWithMissingTargetsLeftOut) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  const std::string run = trained(dir, "runs", 1, fx, "tied.pt", "values",
+                                  {"loss.name=model", "optim.lr=0.1", "job.steps=10"});
+  auto compared = python_json("eager " + fx + " " + fx + "/values model sgd 0.1 10 16 5 " + run +
+                              "/model-final.pt");
+  std::printf("loss.name = model: max |lockstep - PyTorch eager| = %.3g\n",
+              compared["max_abs_diff"].get<double>());
+  EXPECT_LE(compared["max_abs_diff"].get<double>(), 1e-5);
+  auto metrics = read_json(run + "/manifest.json")["metrics"];
+  EXPECT_GT(metrics["masked_targets"].get<int64_t>(), 0) << "the data has NaN targets";
+  auto scored = python_json("score " + run + "/model-final.pt " + fx + "/values model");
+  EXPECT_NEAR(metrics["test_loss"].get<double>(), scored["loss"].get<double>(), 1e-4);
+}
+
+// 2 ranks x B = 1 x 2B = accumulation of 2 x B, after one step, per loss.
+TEST(ScriptedModel, TwoRanksOfBatchBEqualOneOfBatch2BUnderEveryLoss) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  const std::vector<std::pair<std::string, std::string>> losses = {
+      {"cross_entropy", "classes"}, {"mse", "values"}, {"l1", "values"},
+      {"bce_with_logits", "labels"}, {"model", "values"}};
+  for (const auto& [loss, data] : losses) {
+    auto run = [&](const std::string& name, int nproc, int batch, int accum) {
+      return file_parameters(
+          trained(dir, loss + "-" + name, nproc, fx, "tied.pt", data,
+                  {"loss.name=" + loss, "optim.lr=0.1", "job.steps=1", "eval.every=0",
+                   "data.batch_size=" + std::to_string(batch),
+                   "train.accum_steps=" + std::to_string(accum)}) + "/model-final.pt");
+    };
+    auto ranks = run("ranks", 2, 8, 1), single = run("single", 1, 16, 1),
+         accumulated = run("accum", 1, 8, 2);
+    const double d_ranks = max_abs_difference(ranks, single),
+                 d_accum = max_abs_difference(accumulated, single);
+    std::printf("%s: |2 x 8 - 1 x 16| = %.3g, |accum 2 x 8 - 1 x 16| = %.3g\n", loss.c_str(),
+                d_ranks, d_accum);
+    EXPECT_LE(d_ranks, 1e-6) << loss;
+    EXPECT_LE(d_accum, 1e-6) << loss;
+  }
+}
+
+TEST(ScriptedModel, BatchNormBuffersFollowTheCommBuffersPolicyAndTheSavedModelScoresAsReported) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  std::map<std::string, std::string> rank0_digest;
+  for (const std::string policy : {"broadcast", "average", "local"}) {
+    const std::string run = trained(dir, policy, 2, fx, "bn.pt", "images",
+                                    {"comm.buffers=" + policy, "optim.lr=0.05", "job.steps=30",
+                                     "audit.every=10", "audit.buffers=check"});
+    std::vector<std::string> digests;
+    for (int rank : {0, 1})
+      for (const auto& e : read_json_lines(run + "/events-rank" + std::to_string(rank) + ".jsonl"))
+        if (e["event"] == "end") digests.push_back(e["metrics"]["final_buffer_digest"]);
+    ASSERT_EQ(digests.size(), 2u);
+    rank0_digest[policy] = digests[0];
+    if (policy == "local")
+      EXPECT_NE(digests[0], digests[1]) << "local: each rank's own running statistics";
+    else
+      EXPECT_EQ(digests[0], digests[1]) << policy << ": the ranks' buffers must be equal";
+    auto manifest = read_json(run + "/manifest.json");
+    EXPECT_EQ(manifest["metrics"]["audits_disagreeing"], 0) << policy << ": false alarms";
+    EXPECT_GT(manifest["metrics"]["audits"].get<int64_t>(), 0);
+    EXPECT_EQ(has_decision(manifest, "audit_buffers"), policy == "local") << policy;
+    auto scored = python_json("score " + run + "/model-final.pt " + fx + "/images cross_entropy");
+    const double reported = manifest["metrics"]["test_accuracy"];
+    std::printf("%s: lockstep reported accuracy %.4f, model-final.pt in Python scores %.4f\n",
+                policy.c_str(), reported, scored["accuracy"].get<double>());
+    EXPECT_NEAR(reported, scored["accuracy"].get<double>(), 5e-4) << policy;
+    EXPECT_NEAR(manifest["metrics"]["test_loss"].get<double>(), scored["loss"].get<double>(), 5e-4);
+  }
+  EXPECT_NE(rank0_digest["broadcast"], rank0_digest["average"]) << "averaging changed nothing";
+}
+
+TEST(ScriptedModel, ACheckpointedRunResumesBitForBit) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  const std::vector<std::string> common = {"optim.lr=0.05", "checkpoint.every=10", "eval.every=0"};
+  auto with = [&](std::vector<std::string> sets) {
+    sets.insert(sets.end(), common.begin(), common.end());
+    return sets;
+  };
+  const std::string straight = trained(dir, "straight", 2, fx, "bn.pt", "images", with({"job.steps=30"}));
+  const std::string first = trained(dir, "first", 2, fx, "bn.pt", "images", with({"job.steps=20"}));
+  auto resumed = run_lockstep({"run", examples_dir() + "/synthetic.toml", "--resume", first, "--set",
+                               "job.steps=30"}, dir.path(), 120);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const std::string digest = read_json(straight + "/manifest.json")["metrics"]["final_param_digest"];
+  EXPECT_EQ(read_json(first + "/manifest.json")["metrics"]["final_param_digest"], digest)
+      << "parameters and BatchNorm buffers after a resume differ from the uninterrupted run";
+  EXPECT_EQ(max_abs_difference(file_parameters(first + "/model-final.pt"),
+                               file_parameters(straight + "/model-final.pt")), 0.0);
+}
+
+TEST(ScriptedModel, AnAllMissingBatchChangesNothing) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  const std::string run = trained(dir, "runs", 2, fx, "tied.pt", "missing",
+                                  {"loss.name=mse", "optim.lr=0.1", "job.steps=3", "eval.every=0"});
+  EXPECT_EQ(max_abs_difference(file_parameters(run + "/model-final.pt"),
+                               file_parameters(fx + "/tied.pt")), 0.0);
+  EXPECT_EQ(read_json(run + "/manifest.json")["metrics"]["skipped_steps"], 3);
+}
+
+TEST(ScriptedModel, DictOutputPickedByModelOutputAndBf16AutocastTrainsIt) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  const std::string run = trained(dir, "runs", 2, fx, "dict.pt", "classes",
+                                  {"model.output=logits", "job.steps=5", "precision=bf16",
+                                   "precision.allow_emulated=true"});
+  auto manifest = read_json(run + "/manifest.json");
+  EXPECT_TRUE(has_decision(manifest, "model_output")) << manifest["decisions"].dump();
+}
+
+// CPU autocast acts in the dispatcher, below TorchScript's interpreter: a
+// scripted Linear whose weight bf16 cannot hold computes in bf16 under it.
+TEST(ScriptedModel, Bf16AutocastReachesTheOperatorsOfAScriptedModule) {
+  TempDir dir;
+  const std::string path = dir.path() + "/linear.pt";
+  auto made = shell("/usr/bin/python3 -c \"import torch; m = torch.nn.Linear(1, 1); "
+                    "m.weight.data.fill_(1 + 2 ** -10); m.bias.data.zero_(); "
+                    "torch.jit.script(m).save('" + path + "')\"");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  ModelSection section;
+  section.name = "torchscript";
+  section.path = path;
+  auto model = ModelRegistry::with_builtins().build(section);
+  const at::Tensor one = torch::ones({1, 1});
+  EXPECT_DOUBLE_EQ(forward_output(*model, one, at::kFloat).item<double>(), 1.0 + std::ldexp(1.0, -10));
+  at::Tensor under_bf16 = forward_output(*model, one, at::kBFloat16);
+  EXPECT_EQ(under_bf16.scalar_type(), at::kFloat);
+  EXPECT_DOUBLE_EQ(under_bf16.item<double>(), 1.0) << "autocast did not reach the scripted Linear";
+}
+
+// Bad input: one error line naming the problem, exit 2, no run folder.
+void expect_refused(const TempDir& dir, const std::string& fx, const std::string& model,
+                    const std::string& data, const std::vector<std::string>& sets,
+                    const std::string& needle) {
+  const std::string runs = dir.path() + "/refused";
+  auto result = run_lockstep(scripted_run(dir, runs, 2, fx, model, data, sets), dir.path(), 60);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  int error_lines = 0;
+  bool named = false;
+  std::istringstream lines(result.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("error") == std::string::npos) continue;
+    ++error_lines;
+    named |= line.find(needle) != std::string::npos;
+  }
+  EXPECT_TRUE(named) << "no error line naming '" << needle << "' in:\n" << result.output;
+  EXPECT_EQ(error_lines, 1) << result.output;
+  EXPECT_FALSE(fs::exists(runs)) << "a run folder was created";
+}
+
+TEST(ScriptedModel, BadModelsAreRefusedBeforeAnythingStarts) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  expect_refused(dir, fx, "frozen.pt", "classes", {}, "no trainable parameter");
+  expect_refused(dir, fx, "not_a_module.pt", "classes", {}, "is not a TorchScript module");
+  expect_refused(dir, fx, "absent.pt", "classes", {}, "absent.pt: no such file");
+  expect_refused(dir, fx, "tied.pt", "wide", {}, "input of shape [16, 10]");
+  expect_refused(dir, fx, "dict.pt", "classes", {}, "set model.output to the key");
+  expect_refused(dir, fx, "dict.pt", "classes", {"model.output=scores"},
+                 "model.output = scores is not a key of the dict");
+  expect_refused(dir, fx, "tied.pt", "classes", {"precision.fp32_modules=head"},
+                 "precision.fp32_modules = head cannot be honoured");
+  expect_refused(dir, fx, "tied.pt", "classes", {"precision.check_overflow=true"},
+                 "precision.check_overflow = true cannot be honoured");
+  expect_refused(dir, fx, "dict.pt", "classes", {"model.output=logits", "loss.name=model"},
+                 "needs a loss(output, target) method");
+  expect_refused(dir, fx, "tied.pt", "values", {}, "loss.name = cross_entropy needs");
+}
+
+}  // namespace
+}  // namespace lockstep::testing
