@@ -136,7 +136,7 @@ std::vector<std::string> split_names(const std::string& text);
 // Parses fault.inject. Throws InputError naming the item and the format.
 std::vector<InjectedFault> parse_injected_faults(const std::string& text);
 
-// Mixed precision: decided per machine (runtime/machine.h), said out loud.
+// Mixed precision: decided per machine (runtime/precision/machine.h), said out loud.
 struct PrecisionSection {
   std::string dtype = "auto";   // auto | fp32 | bf16 | fp16 (`precision = "bf16"` sets it too)
   bool allow_emulated = false;  // run bf16/fp16 where the machine only emulates it (warned)

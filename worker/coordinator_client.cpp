@@ -6,7 +6,7 @@
 
 #include "lockstep/proto/lockstep.grpc.pb.h"
 #include "runtime/errors.h"
-#include "runtime/process_group.h"
+#include "runtime/comm/process_group.h"
 #include "runtime/run_folder.h"
 #include "worker/grpc_store.h"
 

@@ -9,7 +9,7 @@
 
 #include "lockstep/proto/lockstep.pb.h"
 #include "runtime/config.h"
-#include "runtime/rendezvous.h"
+#include "runtime/comm/rendezvous.h"
 
 namespace grpc {
 class Channel;

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/run_observer.h"
+#include "runtime/train/run_observer.h"
 #include "worker/coordinator_client.h"
 
 namespace lockstep {

@@ -13,18 +13,18 @@
 #include <torch/torch.h>
 
 #include "lockstep/build_config.h"
-#include "runtime/control_group.h"
-#include "runtime/checkpoint.h"
-#include "runtime/dataset.h"
-#include "runtime/digest.h"
+#include "runtime/comm/control_group.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/data/dataset.h"
+#include "runtime/model/digest.h"
 #include "runtime/errors.h"
-#include "runtime/machine.h"
-#include "runtime/network.h"
-#include "runtime/objective.h"
-#include "runtime/phase_timer.h"
+#include "runtime/precision/machine.h"
+#include "runtime/comm/network.h"
+#include "runtime/loss/objective.h"
+#include "runtime/train/phase_timer.h"
 #include "runtime/run_folder.h"
-#include "runtime/seeding.h"
-#include "runtime/trainer.h"
+#include "runtime/audit/seeding.h"
+#include "runtime/train/trainer.h"
 
 namespace lockstep {
 namespace {

@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/config.h"
-#include "runtime/machine.h"
-#include "runtime/models.h"
-#include "runtime/rendezvous.h"
-#include "runtime/run_observer.h"
+#include "runtime/precision/machine.h"
+#include "runtime/model/models.h"
+#include "runtime/comm/rendezvous.h"
+#include "runtime/train/run_observer.h"
 
 namespace lockstep {
 

@@ -3,7 +3,7 @@
 // input tensor to one output tensor, the trainable parameters (one entry per
 // storage, frozen ones left out), the buffers, train/eval mode, the
 // precision policy it can honour, an optional loss of its own, and the
-// trained model as a file. Built-in models (runtime/models.h) and
+// trained model as a file. Built-in models (runtime/model/models.h) and
 // TorchScript modules saved from Python (runtime/model/scripted_model.h)
 // implement it; the trainer, checkpoints and audits know nothing else.
 #include <memory>
@@ -33,6 +33,8 @@ class Model {
   virtual NamedTensors buffers() const = 0;
   virtual void train(bool on) = 0;
   virtual bool is_training() const = 0;
+  // Where its parameters live; inputs and targets are moved there.
+  c10::Device device() const;
 
   // precision.fp32_modules: these submodules run with autocast off. Throws
   // InputError naming a module the model lacks, or why it cannot be honoured.

@@ -33,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SOURCE, "examples", "resnet18"))
 import prepare  # noqa: E402
+from compare_ddp import summary  # noqa: E402  (median and range, as every benchmark reports)
 
 STEPS, WARMUP, BATCH, SAMPLES = 40, 10, 32, 1024
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -108,11 +109,6 @@ def one_rank_script_vs_eager(folder, blocks=3, steps=10):
                 if block > 0:  # block 0 warms both up (TorchScript profiles its first runs)
                     timings[name].append(time.perf_counter() - start)
     return statistics.median(timings["script"]), statistics.median(timings["eager"])
-
-
-def summary(values):
-    values = sorted(values)
-    return {"median": statistics.median(values), "min": values[0], "max": values[-1]}
 
 
 def main():

@@ -20,7 +20,7 @@
 
 #include "bench/bench_figures.h"
 #include "coordinator/coordinator.h"
-#include "runtime/process_group.h"
+#include "runtime/comm/process_group.h"
 #include "worker/coordinator_client.h"
 #include "worker/grpc_store.h"
 

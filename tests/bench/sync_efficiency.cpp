@@ -23,9 +23,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "runtime/models.h"
-#include "runtime/process_group.h"
-#include "runtime/reducer.h"
+#include "runtime/model/models.h"
+#include "runtime/comm/process_group.h"
+#include "runtime/comm/reducer.h"
 
 extern char** environ;
 

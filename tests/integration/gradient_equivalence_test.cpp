@@ -7,7 +7,7 @@
 #include <torch/torch.h>
 
 #include "integration/jobs.h"
-#include "runtime/models.h"
+#include "runtime/model/models.h"
 
 namespace lockstep::testing {
 namespace {

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "integration/jobs.h"
-#include "runtime/probe.h"
+#include "runtime/precision/probe.h"
 
 namespace lockstep::testing {
 namespace {

@@ -9,8 +9,9 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include "integration/cluster.h"
 #include "integration/jobs.h"
-#include "runtime/models.h"
+#include "runtime/model/models.h"
 
 namespace lockstep::testing {
 namespace {
@@ -220,6 +221,37 @@ TEST(ScriptedModel, ACheckpointedRunResumesBitForBit) {
       << "parameters and BatchNorm buffers after a resume differ from the uninterrupted run";
   EXPECT_EQ(max_abs_difference(file_parameters(first + "/model-final.pt"),
                                file_parameters(straight + "/model-final.pt")), 0.0);
+}
+
+// The same file from a hand-started coordinator and its workers: status
+// shows the evaluation's metrics for the loss (MSE and MAE for mse).
+TEST(ScriptedModel, TrainsUnderACoordinatorAndStatusShowsTheMetricsOfItsLoss) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  Cluster cluster(dir, {"model.name=torchscript", "model.path=" + fx + "/tied.pt", "data.name=arrays",
+                        "data.train=" + fx + "/values/train", "data.test=" + fx + "/values/test",
+                        "loss.name=mse", "optim.lr=0.02", "data.batch_size=16", "job.steps=400",
+                        "eval.every=20", "fault.heartbeat_s=0.1", "fault.heartbeat_timeout_s=5"});
+  cluster.add_worker();
+  cluster.add_worker();
+  std::string last_eval;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline && last_eval.empty()) {
+    v1::StatusReply reply;
+    if (cluster.client().status(&reply, std::chrono::seconds(5)).ok()) last_eval = reply.last_eval();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(last_eval.find("(mse)"), std::string::npos) << last_eval;
+  EXPECT_NE(last_eval.find("mae"), std::string::npos) << last_eval;
+  auto table = run_lockstep({"status", "--coordinator", cluster.address()}, dir.path(), 15,
+                            {"LOCKSTEP_TOKEN=" + kToken});
+  EXPECT_NE(table.output.find("last eval: step"), std::string::npos) << table.output;
+  for (auto& worker : cluster.workers) EXPECT_EQ(worker->wait(120), 0) << worker->output();
+  EXPECT_EQ(cluster.coordinator->wait(30), 0) << cluster.coordinator->output();
+  auto metrics = read_json(single_run(dir.path() + "/runs") + "/manifest.json")["metrics"];
+  EXPECT_TRUE(metrics["test_metrics"].contains("mse")) << metrics.dump();
+  EXPECT_TRUE(metrics["test_metrics"].contains("mae")) << metrics.dump();
+  EXPECT_FALSE(metrics["test_metrics"].contains("accuracy")) << metrics.dump();
 }
 
 TEST(ScriptedModel, AnAllMissingBatchChangesNothing) {

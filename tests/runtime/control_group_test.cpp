@@ -1,4 +1,4 @@
-#include "runtime/control_group.h"
+#include "runtime/comm/control_group.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "runtime/dataset.h"
+#include "runtime/data/dataset.h"
 
 #include <sys/stat.h>
 #include <zlib.h>

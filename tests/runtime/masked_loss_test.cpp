@@ -1,4 +1,4 @@
-#include "runtime/masked_loss.h"
+#include "runtime/loss/masked_loss.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -1,12 +1,12 @@
 // Choosing Gloo's address and a rank's threads: the rules that make the
 // multi-host path work, on this host's real interfaces.
-#include "runtime/network.h"
+#include "runtime/comm/network.h"
 
 #include <gtest/gtest.h>
 
 #include "runtime/config.h"
 #include "runtime/errors.h"
-#include "runtime/machine.h"
+#include "runtime/precision/machine.h"
 
 namespace lockstep {
 namespace {

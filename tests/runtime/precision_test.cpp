@@ -9,7 +9,7 @@
 #include <torch/torch.h>
 
 #include "runtime/errors.h"
-#include "runtime/models.h"
+#include "runtime/model/models.h"
 
 namespace lockstep {
 namespace {

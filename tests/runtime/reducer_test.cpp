@@ -1,4 +1,4 @@
-#include "runtime/reducer.h"
+#include "runtime/comm/reducer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

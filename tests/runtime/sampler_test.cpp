@@ -1,4 +1,4 @@
-#include "runtime/sampler.h"
+#include "runtime/data/sampler.h"
 
 #include <algorithm>
 #include <set>

@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/process_group.h"
+#include "runtime/comm/process_group.h"
 
 namespace lockstep::testing {
 

@@ -1,0 +1,87 @@
+#include "runtime/audit/seeding.h"
+
+#include <map>
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "runtime/model/digest.h"
+#include "runtime/errors.h"
+
+namespace lockstep {
+
+void seed_everything(uint64_t seed) { torch::manual_seed(seed); }
+
+std::string verify_identical_parameters(ControlGroup& control, const Model& model,
+                                        DecisionLog& log) {
+  NamedDigests digests = model_digests(model, /*buffers=*/true);
+  std::vector<int64_t> flat;
+  for (const auto& [name, d] : digests) {
+    flat.push_back(int64_t(d.high));
+    flat.push_back(int64_t(d.low));
+  }
+  auto all = control.allgather("init-parameters", flat);
+  for (size_t t = 0; t < digests.size(); ++t) {
+    std::map<std::pair<int64_t, int64_t>, std::vector<int>> versions;
+    for (int r = 0; r < int(all.size()); ++r)
+      versions[{all[r][2 * t], all[r][2 * t + 1]}].push_back(r);
+    if (versions.size() == 1) continue;
+    std::string groups;
+    for (const auto& [hash, ranks] : versions) {
+      groups += groups.empty() ? "" : " vs ";
+      groups += "ranks {";
+      for (size_t i = 0; i < ranks.size(); ++i) groups += (i ? "," : "") + std::to_string(ranks[i]);
+      groups += "}";
+    }
+    throw RunError("parameters differ across ranks right after initialisation with the shared "
+                   "seed: tensor '" + digests[t].first + "' has " +
+                   std::to_string(versions.size()) + " versions (" + groups +
+                   "); the model's initialisation is not a function of the seed alone");
+  }
+  std::string combined = combined_hex(digests);
+  log.record("init_parameters", "identical on all " + std::to_string(control.size()) + " ranks",
+             "digest " + combined + " over " + std::to_string(digests.size()) +
+                 " tensors, all-gathered on the control group");
+  return combined;
+}
+
+uint64_t dropout_mask_probe() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  at::Generator copy;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    copy = generator.clone();
+  }
+  at::Tensor mask = at::empty({4096}, at::kFloat).bernoulli_(0.5, copy).to(at::kByte);
+  return hash_bytes(mask.data_ptr(), size_t(mask.numel()));
+}
+
+StreamCheck check_streams_differ(ControlGroup& control, DecisionLog& log) {
+  StreamCheck check;
+  auto all = control.allgather("random-streams", {int64_t(dropout_mask_probe())});
+  std::map<uint64_t, std::vector<int>> owners;
+  for (int r = 0; r < int(all.size()); ++r) {
+    check.probes.push_back(uint64_t(all[r][0]));
+    owners[uint64_t(all[r][0])].push_back(r);
+  }
+  std::string shared;
+  for (const auto& [probe, ranks] : owners) {
+    if (ranks.size() < 2) continue;
+    check.all_distinct = false;
+    shared += shared.empty() ? "ranks " : "; ranks ";
+    for (size_t i = 0; i < ranks.size(); ++i) shared += (i ? "," : "") + std::to_string(ranks[i]);
+  }
+  if (check.all_distinct) {
+    log.record("random_streams", "distinct on all " + std::to_string(control.size()) + " ranks",
+               "dropout masks drawn from a copy of each rank's generator all differ");
+  } else {
+    log.record("random_streams", "SHARED by " + shared,
+               "these ranks draw identical dropout masks: they were not reseeded with seed + "
+               "rank, so their randomness is not independent",
+               /*warn=*/true);
+  }
+  return check;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,75 @@
+#include "runtime/data/batches.h"
+
+#include <torch/torch.h>
+
+
+namespace lockstep {
+
+BatchStream::BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed,
+                         int64_t batch_size, int prefetch, int64_t skip)
+    : data_(data), sampler_(data.size(), rank, world_size, seed), batch_size_(batch_size),
+      prefetch_(prefetch) {
+  start_epoch(skip / batches_per_epoch());
+  position_ = (skip % batches_per_epoch()) * batch_size_;
+  if (prefetch_ > 0) producer_ = std::thread([this] { produce(); });
+}
+
+BatchStream::~BatchStream() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  if (producer_.joinable()) producer_.join();
+}
+
+void BatchStream::produce() {
+  try {
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [&] { return stopping_ || int(ready_.size()) < prefetch_; });
+        if (stopping_) return;
+      }
+      Batch batch = assemble();
+      std::lock_guard<std::mutex> lock(mutex_);
+      ready_.push_back(std::move(batch));
+      changed_.notify_all();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_ = std::current_exception();
+    changed_.notify_all();
+  }
+}
+
+void BatchStream::start_epoch(int64_t epoch) {
+  epoch_ = epoch;
+  order_ = torch::tensor(sampler_.indices(epoch), torch::kInt64);
+  position_ = 0;
+}
+
+int64_t BatchStream::batches_per_epoch() const {
+  return (sampler_.samples_per_rank() + batch_size_ - 1) / batch_size_;
+}
+
+Batch BatchStream::next() {
+  if (prefetch_ <= 0) return assemble();
+  std::unique_lock<std::mutex> lock(mutex_);
+  changed_.wait(lock, [&] { return !ready_.empty() || failure_; });
+  if (ready_.empty()) std::rethrow_exception(failure_);
+  Batch batch = std::move(ready_.front());
+  ready_.pop_front();
+  changed_.notify_all();
+  return batch;
+}
+
+Batch BatchStream::assemble() {
+  if (position_ >= order_.numel()) start_epoch(epoch_ + 1);
+  int64_t count = std::min(batch_size_, order_.numel() - position_);
+  at::Tensor rows = order_.narrow(0, position_, count);
+  position_ += count;
+  return Batch{data_.inputs.index_select(0, rows), data_.targets.index_select(0, rows), epoch_};
+}
+
+}  // namespace lockstep

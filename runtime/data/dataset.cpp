@@ -1,0 +1,207 @@
+#include "runtime/data/dataset.h"
+
+#include <sys/stat.h>
+#include <zlib.h>
+
+#include <spdlog/fmt/fmt.h>
+#include <torch/torch.h>
+
+#include "runtime/errors.h"
+#include "runtime/data/npy.h"
+
+namespace lockstep {
+namespace {
+
+// Fashion-MNIST training-set mean and standard deviation of pixel / 255.
+constexpr double kFashionMean = 0.2860;
+constexpr double kFashionStd = 0.3530;
+
+uint32_t big_endian(const uint8_t* p) {
+  return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | uint32_t(p[3]);
+}
+
+}  // namespace
+
+at::Tensor read_idx_gz(const std::string& path, int expected_dims) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0)
+    throw InputError(path + ": file not found (data.path must hold the Fashion-MNIST IDX .gz "
+                            "files; Debian's dataset-fashion-mnist installs them under "
+                            "/usr/share/datasets/fashion-mnist)");
+  if (!S_ISREG(info.st_mode))
+    throw InputError(path + ": not a regular file (a folder, device or pipe); data files must be files");
+  gzFile file = gzopen(path.c_str(), "rb");
+  if (!file) throw InputError(path + ": cannot open for reading");
+  struct Close {
+    gzFile f;
+    ~Close() { gzclose(f); }
+  } close{file};
+  // Reads exactly `n` bytes; false at the end of the data. Never more than
+  // asked: the header says how much there is, and no more is inflated.
+  auto read_exactly = [&](uint8_t* into, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      const unsigned ask = unsigned(std::min<size_t>(n - done, 1u << 20));
+      const int got = gzread(file, into + done, ask);
+      if (got < 0) {
+        int code = 0;
+        throw InputError(path + ": corrupt or truncated gzip data (" + gzerror(file, &code) + ")");
+      }
+      if (got == 0) {
+        int code = Z_OK;
+        const char* message = gzerror(file, &code);
+        if (code != Z_OK && code != Z_STREAM_END)  // the gzip stream itself is cut or damaged
+          throw InputError(path + ": corrupt or truncated gzip data (" + (message ? message : "?") + ")");
+        return false;
+      }
+      done += size_t(got);
+    }
+    return true;
+  };
+  const uint32_t expected_magic = 0x00000800u | uint32_t(expected_dims);
+  char expected_hex[16];
+  std::snprintf(expected_hex, sizeof expected_hex, "0x%08x", expected_magic);
+  uint8_t header[4 + 4 * 3];
+  if (!read_exactly(header, 4))
+    throw InputError(path + ": too short to be an IDX file");
+  const uint32_t magic = big_endian(header);
+  if (magic != expected_magic) {
+    char got[16];
+    std::snprintf(got, sizeof got, "0x%08x", magic);
+    throw InputError(path + ": not an IDX file of unsigned bytes with " + std::to_string(expected_dims) +
+                     " dimensions (magic " + got + ", expected " + expected_hex + ")");
+  }
+  if (!read_exactly(header + 4, 4 * size_t(expected_dims))) throw InputError(path + ": truncated IDX header");
+  // The promised size, checked against a bound before anything is
+  // allocated: 2^31 x 2^31 x 4 must not wrap around to something small.
+  constexpr uint64_t kMaxBytes = uint64_t(4) << 30;
+  std::vector<int64_t> shape;
+  uint64_t expected_bytes = 1;
+  for (int d = 0; d < expected_dims; ++d) {
+    const uint64_t extent = big_endian(header + 4 + 4 * d);
+    shape.push_back(int64_t(extent));
+    if (extent != 0 && expected_bytes > kMaxBytes / extent)
+      throw InputError(path + ": the header promises more than 4 GiB of data (shape " +
+                       std::to_string(shape[0]) + (expected_dims > 1 ? " x ..." : "") + "); not a dataset this reads");
+    expected_bytes *= extent;
+  }
+  if (shape[0] == 0) throw InputError(path + ": the header says it holds 0 items");
+  auto tensor = torch::empty(shape, torch::kUInt8);
+  if (!read_exactly(tensor.data_ptr<uint8_t>(), size_t(expected_bytes))) {
+    throw InputError(path + ": truncated: the header promises " + std::to_string(expected_bytes) +
+                     " bytes of data, the file holds fewer");
+  }
+  uint8_t extra = 0;
+  if (read_exactly(&extra, 1))
+    throw InputError(path + ": too long: the header promises " + std::to_string(expected_bytes) +
+                     " bytes of data, the file holds more");
+  return tensor;
+}
+
+namespace {
+
+// Checks what the models can take: 28 x 28 images, labels 0..9, as many of
+// each. Throws InputError naming the folder.
+void check_images_and_labels(const std::string& dir, const std::string& prefix, const at::Tensor& images,
+                             const at::Tensor& labels) {
+  if (images.size(0) != labels.size(0))
+    throw InputError(dir + ": " + prefix + " images (" + std::to_string(images.size(0)) + ") and labels (" +
+                     std::to_string(labels.size(0)) + ") differ in count");
+  if (images.size(1) != 28 || images.size(2) != 28)
+    throw InputError(dir + ": " + prefix + " images are " + std::to_string(images.size(1)) + " x " +
+                     std::to_string(images.size(2)) + "; the models take 28 x 28 (Fashion-MNIST)");
+  const int64_t top = labels.max().item<int64_t>();
+  if (top > 9)
+    throw InputError(dir + ": " + prefix + " labels hold " + std::to_string(top) +
+                     "; Fashion-MNIST has classes 0 to 9");
+}
+
+}  // namespace
+
+TrainTestData load_fashion_mnist(const std::string& dir) {
+  check_data_files(DataSection{"fashion-mnist", dir, {}, {}});
+  auto load = [&](const std::string& prefix) {
+    at::Tensor raw_images = read_idx_gz(dir + "/" + prefix + "-images-idx3-ubyte.gz", 3);
+    at::Tensor raw_labels = read_idx_gz(dir + "/" + prefix + "-labels-idx1-ubyte.gz", 1);
+    check_images_and_labels(dir, prefix, raw_images, raw_labels);
+    Dataset set;
+    set.inputs = raw_images.to(torch::kFloat32)
+                     .div_(255.0)
+                     .sub_(kFashionMean)
+                     .div_(kFashionStd)
+                     .unsqueeze(1)
+                     .contiguous();
+    set.targets = raw_labels.to(torch::kInt64);
+    return set;
+  };
+  TrainTestData data{load("train"), load("t10k"), ""};
+  data.description = "fashion-mnist from " + dir + " (" + std::to_string(data.train.size()) +
+                     " train, " + std::to_string(data.test.size()) + " test)";
+  return data;
+}
+
+TrainTestData make_synthetic(int64_t train_samples, uint64_t seed, double missing_share) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x5eed5eedULL);
+  const int64_t test_samples = std::max<int64_t>(256, train_samples / 8);
+  auto teacher = at::normal(0.0, 1.0, {28 * 28, 10}, generator);
+  auto make = [&](int64_t n) {
+    Dataset set;
+    set.inputs = at::normal(0.0, 1.0, {n, 1, 28, 28}, generator);
+    set.targets = set.inputs.reshape({n, 28 * 28}).matmul(teacher).argmax(1);
+    return set;
+  };
+  TrainTestData data{make(train_samples), make(test_samples), ""};
+  if (missing_share > 0) {
+    auto drop = at::empty({train_samples}).uniform_(0.0, 1.0, generator) < missing_share;
+    data.train.targets.masked_fill_(drop, -1);
+  }
+  data.description = "synthetic (" + std::to_string(train_samples) + " train, " +
+                     std::to_string(test_samples) + " test, missing targets " +
+                     fmt::format("{:g}", missing_share) + ")";
+  return data;
+}
+
+void check_data_files(const DataSection& data) {
+  if (data.name != "fashion-mnist") return;
+  struct stat info {};
+  if (::stat(data.path.c_str(), &info) != 0 || !S_ISDIR(info.st_mode))
+    throw InputError("data.path = " + data.path + ": no such folder (install Debian's "
+                     "dataset-fashion-mnist, or point data.path at a folder with the IDX .gz files)");
+  for (const char* name : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                           "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"}) {
+    std::string file = data.path + "/" + name;
+    if (::stat(file.c_str(), &info) != 0)
+      throw InputError("data.path = " + data.path + ": missing " + name);
+  }
+}
+
+void validate_data_files(const DataSection& data) {
+  check_data_files(data);
+  if (data.name != "fashion-mnist") return;
+  for (const char* prefix : {"train", "t10k"})
+    check_images_and_labels(data.path, prefix, read_idx_gz(data.path + "/" + prefix + "-images-idx3-ubyte.gz", 3),
+                            read_idx_gz(data.path + "/" + prefix + "-labels-idx1-ubyte.gz", 1));
+}
+
+TrainTestData load_data(const DataSection& data, uint64_t seed) {
+  if (data.name == "arrays") {
+    TrainTestData out;
+    out.train = read_array_folder(data.train, "data.train");
+    out.test = read_array_folder(data.test, "data.test");
+    if (out.train.inputs.sizes().slice(1) != out.test.inputs.sizes().slice(1))
+      throw InputError("data.train inputs are " + c10::str(out.train.inputs.sizes()) +
+                       " but data.test inputs are " + c10::str(out.test.inputs.sizes()) +
+                       ": the same shape per sample is needed");
+    out.description = "arrays: train " + data.train + " (" + std::to_string(out.train.size()) +
+                      " rows, inputs " + c10::str(out.train.inputs.sizes()) + ", targets " +
+                      c10::str(out.train.targets.sizes()) + " " +
+                      std::string(c10::toString(out.train.targets.scalar_type())) + "), test " +
+                      data.test + " (" + std::to_string(out.test.size()) + " rows)";
+    return out;
+  }
+  if (data.name == "synthetic")
+    return make_synthetic(data.synthetic_samples, seed, data.missing_targets);
+  return load_fashion_mnist(data.path);
+}
+
+}  // namespace lockstep

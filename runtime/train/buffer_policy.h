@@ -1,0 +1,50 @@
+#pragma once
+// What happens to a model's buffers (BatchNorm running statistics,
+// counters) across ranks, per comm.buffers:
+//   broadcast  every rank takes rank 0's (PyTorch DDP's default; done after
+//              each step, which for the next forward is the same as before it)
+//   average    floating buffers become the mean over ranks; integer ones
+//              (num_batches_tracked) rank 0's
+//   local      each rank keeps its own; they are expected to differ
+// After sync() the buffers are what the audit, the evaluation, checkpoints
+// and the saved model see. One collective per dtype; every rank must call
+// sync() together.
+#include <string>
+#include <vector>
+
+#include "runtime/model/model.h"
+#include "runtime/comm/process_group.h"
+
+namespace lockstep {
+
+class BufferPolicy {
+ public:
+  BufferPolicy(std::string policy, NamedTensors buffers, CollectiveGroup& group);
+  void sync();
+  // Runs `evaluate` with rank 0's buffers on every rank, so that the
+  // figures reported are those of the model rank 0 saves. Under local each
+  // rank's own buffers are put back after; otherwise they are rank 0's already.
+  template <typename Evaluate>
+  auto as_saved(Evaluate&& evaluate) {
+    if (policy_ != "local" || buffers_.empty() || group_.size() == 1) return evaluate();
+    const std::vector<at::Tensor> own = take_rank_zero_buffers();
+    auto result = evaluate();
+    restore(own);
+    return result;
+  }
+  // For the decision log: what is done and why.
+  std::string value() const;
+  std::string reason() const;
+  bool active() const { return policy_ != "local" && !buffers_.empty(); }
+
+ private:
+  std::vector<at::Tensor> take_rank_zero_buffers();  // returns copies of this rank's own
+  void restore(const std::vector<at::Tensor>& own);
+  void broadcast_all();
+
+  std::string policy_;
+  NamedTensors buffers_;
+  CollectiveGroup& group_;
+};
+
+}  // namespace lockstep

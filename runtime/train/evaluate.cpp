@@ -1,0 +1,48 @@
+#include "runtime/train/evaluate.h"
+
+#include <torch/torch.h>
+
+#include "runtime/comm/process_group.h"
+#include "runtime/loss/objective.h"
+#include "runtime/model/model.h"
+
+namespace lockstep {
+
+EvalResult evaluate(Model& model, const Objective& objective, const Dataset& test, int rank,
+                    int world_size, int64_t batch_size, CollectiveGroup& group,
+                    const std::string& precision) {
+  torch::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.train(false);
+  std::vector<double> sums;
+  at::Tensor mine = torch::arange(rank, test.size(), world_size, torch::kInt64);
+  for (int64_t start = 0; start < mine.numel(); start += batch_size) {
+    at::Tensor rows = mine.narrow(0, start, std::min(batch_size, mine.numel() - start));
+    at::Tensor output = forward_output(model, test.inputs.index_select(0, rows).to(model.device()),
+                                       precision == "bf16" ? at::kBFloat16 : at::kFloat);
+    std::vector<double> batch =
+        objective.metric_sums(output, test.targets.index_select(0, rows).to(model.device()));
+    if (sums.empty()) sums.assign(batch.size(), 0.0);
+    for (size_t i = 0; i < batch.size(); ++i) sums[i] += batch[i];
+  }
+  // A rank with no test sample (more ranks than samples) still takes part:
+  // its sums are learned from a forward of one sample, then zeroed.
+  if (sums.empty()) {
+    at::Tensor output = forward_output(model, test.inputs.narrow(0, 0, 1).to(model.device()),
+                                       precision == "bf16" ? at::kBFloat16 : at::kFloat);
+    sums.assign(objective.metric_sums(output, test.targets.narrow(0, 0, 1).to(model.device())).size(), 0.0);
+  }
+  model.train(was_training);
+  std::vector<at::Tensor> totals{torch::tensor(sums, torch::kDouble)};
+  group.allreduce_sum(totals).wait();
+  const at::Tensor all = totals[0];
+  for (size_t i = 0; i < sums.size(); ++i) sums[i] = all[int64_t(i)].item<double>();
+  EvalResult result;
+  result.samples = test.size();
+  result.metrics = objective.metrics(sums);
+  result.loss = result.metrics.value("loss", 0.0);
+  result.accuracy = result.metrics.value("accuracy", 0.0);
+  return result;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,31 @@
+#pragma once
+// Evaluation on the test set, the same figures on every rank: each test
+// sample is seen exactly once (rank r takes samples r, r + W, ...), the
+// objective's sums are all-reduced, and the metrics come from the totals.
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/data/dataset.h"
+
+namespace lockstep {
+
+struct EvalResult {
+  double loss = 0.0;      // mean over every valid target of the test set
+  double accuracy = 0.0;  // cross_entropy; 0 for the other losses
+  int64_t samples = 0;    // test samples seen (each exactly once)
+  nlohmann::json metrics = nlohmann::json::object();  // what fits the loss (objective.h)
+};
+
+class Model;
+class Objective;
+class CollectiveGroup;
+// Evaluates on the test set: rank r takes samples r, r + W, ...; sums are
+// all-reduced on `group`, so every rank returns the same figures. The
+// forward runs at the training precision (`precision`: fp32 | bf16).
+EvalResult evaluate(Model& model, const Objective& objective, const Dataset& test, int rank,
+                    int world_size, int64_t batch_size, CollectiveGroup& group,
+                    const std::string& precision = "fp32");
+
+}  // namespace lockstep

@@ -1,0 +1,499 @@
+#include "runtime/train/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "optim/clip.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+#include "runtime/train/buffer_policy.h"
+#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/errors.h"
+#include "runtime/train/fault_hooks.h"
+#include "runtime/generation.h"
+#include "runtime/loss/objective.h"
+#include "runtime/train/progress.h"
+#include "runtime/comm/reducer.h"
+
+namespace lockstep {
+namespace {
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+optim::OptimizerSpec optimizer_spec(const OptimSection& optim) {
+  optim::OptimizerSpec spec;
+  spec.name = optim.name;
+  spec.lr = optim.lr;
+  spec.momentum = optim.momentum;
+  spec.weight_decay = optim.weight_decay;
+  spec.nesterov = optim.nesterov;
+  spec.beta1 = optim.beta1;
+  spec.beta2 = optim.beta2;
+  spec.eps = optim.eps;
+  spec.alpha = optim.alpha;
+  return spec;
+}
+
+ReducerOptions reducer_options(const CommSection& comm) {
+  ReducerOptions options;
+  options.bucket_bytes = std::max<int64_t>(1, int64_t(comm.bucket_mb * (1 << 20)));
+  options.overlap = comm.overlap;
+  options.error_on_unused = comm.unused_parameters == "error";
+  return options;
+}
+
+// One rank's run of the job: the parts it was given, the components built
+// from the configuration (objective, reducer, optimizer, scaler, buffer
+// policy, fault hooks), and the loop in run().
+class StepLoop {
+ public:
+  explicit StepLoop(TrainerParts& parts);
+  TrainingResult run();
+
+ private:
+  // The step's microbatches: forward, loss, backward; the last backward's
+  // buckets go out as they fill. Returns the global count of valid targets.
+  double accumulate_gradients(int64_t step);
+  // Scaler verdict, clipping, the optimizer step. False: no update (skipped).
+  bool update(int64_t step, double global_valid);
+  void log_step(int64_t step, double lr, double global_valid, double seconds);
+  void evaluate_now(int64_t step);
+  void start_audit(int64_t done);
+  void finish_audit();
+  void checkpoint_after(int64_t done, double lr);
+  TrainingResult finish();
+  TrainingResult stopped();
+
+  TrainerParts& parts_;
+  const JobConfig& config_;
+  Model& model_;
+  TrainingResult result_;
+  NamedTensors parameters_;
+  std::unique_ptr<Objective> objective_;
+  GradientReducer reducer_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  CheckpointStore checkpoints_;
+  int64_t first_step_ = 0, microbatches_done_ = 0, last_epoch_ = 0;
+  std::optional<BatchStream> batches_;
+  int64_t steps_ = 0;
+  optim::ScheduleSpec schedule_;
+  at::ScalarType autocast_ = at::kFloat;
+  c10::Device device_ = c10::kCPU;  // the model's: batches follow it
+  std::optional<optim::GradScaler> scaler_;
+  std::optional<FaultHooks> faults_;
+  std::optional<BufferPolicy> buffers_;
+  std::optional<ProgressPrinter> progress_;
+  bool checkpoints_on_ = false;
+  bool reported_sharing_ = false;
+  double window_loss_ = 0, window_samples_ = 0, window_seconds_ = 0;
+  int64_t window_steps_ = 0;
+  std::vector<double> step_times_;  // after warm-up, for the median
+};
+
+StepLoop::StepLoop(TrainerParts& parts)
+    : parts_(parts), config_(parts.config), model_(*parts.model), parameters_(model_.parameters()),
+      objective_(make_objective(config_.loss, model_)),
+      reducer_(parameters_, parts.data_group, reducer_options(config_.comm)),
+      checkpoints_(parts.checkpoint_dir) {
+  const JobConfig& config = config_;
+  parts_.decisions.record("gradient_buckets", std::to_string(reducer_.bucket_count()),
+                          "comm.bucket_mb = " + fmt::format("{:g}", config.comm.bucket_mb) +
+                              ", first bucket at most 1 MiB, reverse registration order, " +
+                              (config.comm.overlap ? "all-reduce started during backward"
+                                                   : "all-reduce after backward (comm.overlap = false)") +
+                              "; parameters and gradients live in one buffer each, the "
+                              "optimizer updates all of them per operation");
+  auto [flat_params, flat_grads] = reducer_.flat();
+  if (config.optim.name == "rmsprop")
+    parts_.decisions.record("rmsprop_momentum", fmt::format("{:g}", config.optim.momentum),
+                            "optim.momentum applies to rmsprop too; 0 is torch.optim.RMSprop's default");
+  optimizer_ = optim::make_optimizer({{flat_params, flat_grads}}, optimizer_spec(config.optim));
+  if (parts_.resume) {
+    load_checkpoint(checkpoints_, *parts_.resume, model_, *optimizer_, parts_.rank);
+    first_step_ = parts_.resume->step;
+    microbatches_done_ = parts_.resume->meta.value("microbatches_done", int64_t(0));
+    last_epoch_ = parts_.resume->meta.value("epoch", int64_t(0));
+    if (parts_.rank == 0)
+      spdlog::info("resumed from the checkpoint at step {} ({} microbatches done per rank, epoch "
+                   "{}); parameter digest verified on every rank", first_step_, microbatches_done_,
+                   last_epoch_);
+    parts_.events.write({{"event", "resumed"}, {"step", first_step_}, {"folder", parts_.resume->folder}});
+  }
+  if (parts_.steps_done) *parts_.steps_done = first_step_;
+  batches_.emplace(parts_.data.train, parts_.rank, parts_.world_size, uint64_t(config.job.seed),
+                   config.data.batch_size, int(config.data.prefetch), microbatches_done_);
+  steps_ = total_steps(config, batches_->batches_per_epoch());
+  if (parts_.resume && first_step_ > steps_)
+    throw InputError("the checkpoint to resume is at step " + std::to_string(first_step_) + ", past the " +
+                     std::to_string(steps_) + " steps this job trains (job.steps / job.epochs); give more "
+                     "to train further");
+  if (parts_.resume && first_step_ == steps_ && parts_.rank == 0)
+    parts_.decisions.record("train", "nothing left",
+                            "the checkpoint to resume is at step " + std::to_string(first_step_) +
+                                ", the job's last: the run was already complete", /*warn=*/true);
+  schedule_ = {config.optim.lr, config.optim.warmup_steps, steps_, config.optim.schedule};
+  if (parts_.rank == 0)
+    spdlog::info("training {} steps: {} batches of {} per rank per epoch, accum_steps {}, {} ranks",
+                 steps_, batches_->batches_per_epoch(), config.data.batch_size,
+                 config.train.accum_steps, parts_.world_size);
+
+  // Precision: autocast for the forward, fp32 children, the overflow finder.
+  autocast_ = parts_.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  device_ = model_.device();
+  model_.set_fp32_modules(split_names(config.precision.fp32_modules));
+  model_.set_overflow_check(config.precision.check_overflow);
+  const bool scaler_on = config.precision.scaler == "on" ||
+                         (config.precision.scaler == "auto" && parts_.precision == "fp16");
+  if (scaler_on) {
+    auto chosen = optim::choose_scaler_options(steps_, config.precision.init_scale,
+                                               config.precision.growth_interval);
+    scaler_.emplace(chosen.options);
+    parts_.decisions.record("grad_scaler", fmt::format("on, init_scale {:g}, growth_interval {}",
+                                                       chosen.options.init_scale,
+                                                       chosen.options.growth_interval),
+                            (config.precision.scaler == "on" ? "precision.scaler = on; "
+                                                             : "fp16 gradients need one; ") +
+                                chosen.reason);
+    if (parts_.resume && parts_.resume->meta.contains("scaler")) scaler_->load(parts_.resume->meta["scaler"]);
+  } else {
+    parts_.decisions.record("grad_scaler", "off",
+                            config.precision.scaler == "off" ? "precision.scaler = off"
+                                                             : "precision " + parts_.precision +
+                                                                   " needs no loss scale");
+  }
+  faults_.emplace(config, parts_.rank, parameters_);
+  parts_.decisions.record("train_loss", "the mean over the global batch",
+                          "loss " + objective_->name() + ": every rank's loss sum and count of valid " +
+                              objective_->unit() + "s ride along with the gradient all-reduce, so the "
+                              "logged loss is comparable across world sizes");
+  buffers_.emplace(config.comm.buffers, model_.buffers(), parts_.data_group);
+  parts_.decisions.record("buffers", buffers_->value(), buffers_->reason());
+  progress_.emplace(steps_, parts_.terminal, config.job.log_every);
+  checkpoints_on_ = config.checkpoint.every > 0 && !parts_.checkpoint_dir.empty();
+  if (config.checkpoint.every > 0 && !parts_.control)
+    throw RunError("checkpoint.every is set but this trainer has no control group to agree on "
+                   "checkpoints");
+}
+
+// The loop, step by step: gradients of the global batch, the update, then
+// what follows a step (audits, checkpoints, the log, evaluation). A step
+// that updates nothing (no valid target anywhere, or the scaler skipped it)
+// still gets its audit and checkpoint.
+TrainingResult StepLoop::run() {
+  model_.train(true);
+  for (int64_t step = first_step_; step < steps_ && !reducer_.stop_agreed(); ++step) {
+    throw_if_generation_ended("rank " + std::to_string(parts_.rank) + " before step " +
+                              std::to_string(step + 1));
+    // The ranks learn of a stop at different moments; the flag travels with
+    // this step's gradients, so all of them stop after the same step.
+    if (parts_.observer && parts_.observer->stop_requested()) reducer_.ask_to_stop();
+    const auto step_start = PhaseTimer::Clock::now();
+    const double lr = optim::scheduled_lr(schedule_, step);
+    optimizer_->set_lr(lr);  // the reducer zeroes the gradients (its buckets)
+    faults_->begin_step(step);
+
+    const double global_valid = accumulate_gradients(step);
+    finish_audit();  // the previous audit's all-gather travelled during this step
+    result_.steps = step + 1;
+    const bool updated = update(step, global_valid);
+    start_audit(step + 1);
+    if (updated && step == first_step_)  // start-up's end
+      parts_.events.write({{"event", "first_step"}, {"step", step + 1}});
+    checkpoint_after(step + 1, lr);
+    if (!updated) continue;
+    log_step(step, lr, global_valid,
+             std::chrono::duration<double>(PhaseTimer::Clock::now() - step_start).count());
+    if (config_.eval.every > 0 && (step + 1) % config_.eval.every == 0 && step + 1 < steps_)
+      evaluate_now(step + 1);
+  }
+  progress_->finish();
+  if (reducer_.stop_agreed() && result_.steps < steps_) return stopped();
+  return finish();
+}
+
+double StepLoop::accumulate_gradients(int64_t step) {
+  PhaseTimer& timer = parts_.timer;
+  double local_valid = 0, local_loss_sum = 0, local_samples = 0;
+  for (int64_t micro = 0; micro < config_.train.accum_steps; ++micro) {
+    Batch batch;
+    {
+      auto scope = timer.measure(Phase::kData);
+      batch = batches_->next();
+    }
+    ++microbatches_done_;
+    last_epoch_ = batch.epoch;
+    auto scope = timer.measure(Phase::kForwardBackward);
+    MaskedLoss loss = objective_->loss(forward_output(model_, batch.inputs.to(device_), autocast_),
+                                       batch.targets.to(device_));
+    if (const std::string overflow = model_.take_overflow(); !overflow.empty()) {
+      ++result_.overflows;
+      if (result_.overflows <= 3)
+        spdlog::error("precision.check_overflow: rank {} step {} (input batch {} of this rank): "
+                      "the first module whose output holds inf or NaN is '{}'", parts_.rank,
+                      step + 1, microbatches_done_ - 1, overflow);
+      parts_.events.write({{"event", "overflow"}, {"step", step + 1},
+                           {"batch_index", microbatches_done_ - 1}, {"module", overflow}});
+    }
+    faults_->on_loss(step, loss.sum);
+    const double value = loss.sum.item<double>();
+    if (!std::isfinite(value) && !scaler_)  // with a scaler: the step is skipped in update()
+      throw RunError("non-finite training loss (" + std::to_string(value) + ") at step " +
+                     std::to_string(step) + " on rank " + std::to_string(parts_.rank) +
+                     " (epoch " + std::to_string(batch.epoch) + ", microbatch " +
+                     std::to_string(micro) + ")");
+    local_valid += double(loss.valid);
+    local_samples += double(batch.targets.size(0));
+    if (std::isfinite(value)) local_loss_sum += value;
+    reducer_.begin_microbatch(micro, config_.train.accum_steps, local_valid, local_loss_sum,
+                              local_samples);
+    (scaler_ ? loss.sum * scaler_->scale() : loss.sum).backward();
+    result_.masked_targets += loss.masked;
+  }
+  auto scope = timer.measure(Phase::kCommWait);
+  const double global_valid = reducer_.finish();
+  buffers_->sync();  // this step's forwards changed them on every rank
+  return global_valid;
+}
+
+bool StepLoop::update(int64_t step, double global_valid) {
+  if (global_valid == 0) {
+    ++result_.skipped_steps;
+    spdlog::warn("step {}: no valid target in the global batch on any rank; no update", step);
+    parts_.events.write({{"event", "skipped_step"}, {"step", step}, {"reason", "no valid target"}});
+    return false;
+  }
+  auto scope = parts_.timer.measure(Phase::kOptimizer);
+  if (scaler_) {
+    // Unscale, then one verdict from the all-reduced buffer: the same on every rank.
+    const double scale = scaler_->scale();
+    reducer_.flat().second.mul_(1.0 / scale);
+    if (!scaler_->update(step + 1, reducer_.nonfinite_count() > 0)) {
+      spdlog::warn("step {} skipped by the gradient scaler: inf/NaN gradients after the "
+                   "all-reduce (every rank skips it); scale {:g} -> {:g}, {} skipped so far",
+                   step + 1, scale, scaler_->scale(), scaler_->skipped());
+      parts_.events.write({{"event", "scaler_skipped_step"}, {"step", step + 1},
+                           {"scale_before", scale}, {"scale_after", scaler_->scale()}});
+      return false;
+    }
+  }
+  result_.samples += int64_t(global_valid);
+  // Clipping measures every gradient (and finds shared storage); without
+  // it, the reducer's flat buckets answer the non-finite question in one pass.
+  optim::ClipResult clip;
+  if (config_.optim.clip_norm > 0) clip = optim::clip_grad_norm(parameters_, config_.optim.clip_norm);
+  else clip.nonfinite = reducer_.nonfinite_count();
+  if (!clip.shared_storage.empty() && !reported_sharing_) {
+    reported_sharing_ = true;
+    result_.shared_gradients = clip.shared_storage;
+    for (const auto& group : clip.shared_storage)
+      parts_.decisions.record("clip_shared_storage", join_names(group),
+                              "these gradients share one storage: counted and scaled once",
+                              /*warn=*/true);
+  }
+  if (clip.nonfinite > 0)
+    throw RunError(std::to_string(clip.nonfinite) + " non-finite gradient values at step " +
+                   std::to_string(step) + " on rank " + std::to_string(parts_.rank) +
+                   " (after the all-reduce: every rank sees them)");
+  result_.clipped_steps += clip.clipped;
+  faults_->before_update(step + 1);
+  optimizer_->step();
+  faults_->after_update(step + 1);
+  return true;
+}
+
+void StepLoop::log_step(int64_t step, double lr, double global_valid, double seconds) {
+  window_loss_ += reducer_.global_loss_sum() / global_valid;  // the global batch's mean
+  window_samples_ += reducer_.global_samples();
+  window_seconds_ += seconds;
+  if (step >= first_step_ + 10) step_times_.push_back(seconds);
+  ++window_steps_;
+  const double samples_per_s = window_seconds_ > 0 ? window_samples_ / window_seconds_ : 0.0;
+  const double mean_loss = window_loss_ / double(window_steps_);
+  if (parts_.rank == 0) progress_->update(step + 1, mean_loss, lr, samples_per_s);
+  if (parts_.steps_done) *parts_.steps_done = step + 1;
+  if (parts_.observer) parts_.observer->on_step(step + 1, mean_loss, samples_per_s);
+  if ((step + 1) % config_.job.log_every == 0 || step + 1 == steps_) {
+    result_.final_loss = mean_loss;
+    parts_.events.write({{"event", "step"},
+                         {"step", step + 1},
+                         {"loss", mean_loss},
+                         {"lr", lr},
+                         {"samples_per_s", samples_per_s},
+                         {"phases", parts_.timer.to_json(0)}});
+    window_loss_ = window_samples_ = window_seconds_ = 0;
+    window_steps_ = 0;
+  }
+}
+
+void StepLoop::evaluate_now(int64_t step) {
+  {
+    auto scope = parts_.timer.measure(Phase::kEval);
+    result_.last_eval = buffers_->as_saved([&] {
+      return evaluate(model_, *objective_, parts_.data.test, parts_.rank, parts_.world_size,
+                      config_.eval.batch_size, parts_.data_group, parts_.precision);
+    });
+  }
+  parts_.events.write({{"event", "eval"}, {"step", step}, {"loss", result_.last_eval.loss},
+                       {"accuracy", result_.last_eval.accuracy},
+                       {"metrics", result_.last_eval.metrics}});
+  result_.eval_summary = describe_metrics(*objective_, result_.last_eval);
+  if (parts_.rank == 0 && step < steps_) spdlog::info("eval at step {}: {}", step, result_.eval_summary);
+  if (parts_.observer) parts_.observer->on_eval("step " + std::to_string(step) + ": " + result_.eval_summary);
+}
+
+// Audits: digests after optimizer step s, their all-gather overlapping
+// step s + 1, compared before step s + 1 changes anything (the last one at once).
+void StepLoop::start_audit(int64_t done) {
+  if (!parts_.auditor || !parts_.auditor->due(done, steps_)) return;
+  {
+    auto scope = parts_.timer.measure(Phase::kAudit);
+    parts_.auditor->start(done);
+  }
+  if (done == steps_) finish_audit();
+}
+
+void StepLoop::finish_audit() {
+  if (!parts_.auditor || !parts_.auditor->started()) return;
+  auto scope = parts_.timer.measure(Phase::kAudit);
+  AuditResult audit = parts_.auditor->finish(*optimizer_);
+  ++result_.audits;
+  result_.audits_disagreeing += !audit.agreed;
+  result_.last_audit = audit.verdict();
+  if (parts_.observer) parts_.observer->on_audit(audit.to_json());
+}
+
+// A checkpoint after step `done` when one is due (skipped steps included).
+// A stop that every rank agreed on (RunObserver::stop_requested) ends the
+// run after this step, with a checkpoint there when checkpoints are on.
+void StepLoop::checkpoint_after(int64_t done, double lr) {
+  if (!checkpoints_on_) return;  // checkpoint.every may be 0
+  if (done % config_.checkpoint.every != 0 && done != steps_ && !reducer_.stop_agreed()) return;
+  auto scope = parts_.timer.measure(Phase::kCheckpoint);
+  nlohmann::json meta = {{"microbatches_done", microbatches_done_},
+                         {"epoch", last_epoch_},
+                         {"lr", lr},
+                         {"model", config_.model.name},
+                         {"world_size", parts_.world_size},
+                         {"seed", config_.job.seed},
+                         {"batch_size", config_.data.batch_size},
+                         {"accum_steps", config_.train.accum_steps},
+                         {"optimizer", config_.optim.name}};
+  meta["settings"] = effective_settings(config_);
+  std::string joined;
+  for (const auto& setting : meta["settings"]) joined += setting.get<std::string>() + "\n";
+  meta["config_digest"] = checksum_hex(joined);
+  if (scaler_) meta["scaler"] = scaler_->state();
+  write_checkpoint(checkpoints_, done, meta, model_, *optimizer_, parts_.rank, *parts_.control,
+                   int(config_.checkpoint.keep));
+  ++result_.checkpoints;
+  result_.last_checkpoint = done;
+  parts_.events.write({{"event", "checkpoint"}, {"step", done}, {"folder", checkpoints_.step_folder(done)}});
+}
+
+// Stopped on request: no final evaluation, the run is not over.
+TrainingResult StepLoop::stopped() {
+  finish_audit();
+  result_.stopped_at_step = result_.steps;
+  const bool saved = checkpoints_on_ && result_.last_checkpoint == result_.steps;
+  parts_.events.write({{"event", "stopped"}, {"step", result_.steps}, {"checkpoint", saved}});
+  if (parts_.rank == 0) {
+    if (saved)
+      spdlog::warn("stopped after step {} of {} on request, with a checkpoint there: resume "
+                   "the run folder with --resume", result_.steps, steps_);
+    else
+      spdlog::warn("stopped after step {} of {} on request, without a checkpoint "
+                   "(checkpoint.every = 0): a resumed run starts again from its newest "
+                   "checkpoint or step 0", result_.steps, steps_);
+  }
+  return result_;
+}
+
+TrainingResult StepLoop::finish() {
+  if (scaler_) {
+    const double share =
+        scaler_->steps_seen() > 0 ? double(scaler_->skipped()) / double(scaler_->steps_seen()) : 0.0;
+    result_.scaler = {{"skipped", scaler_->skipped()}, {"steps", scaler_->steps_seen()},
+                      {"skipped_share", share}, {"final_scale", scaler_->scale()},
+                      {"skipped_steps", scaler_->skipped_steps()}};
+    if (share > config_.precision.max_skipped_share)
+      parts_.decisions.record("grad_scaler_skipped", fmt::format("{} of {} steps ({:.1f}%)",
+                                                                 scaler_->skipped(),
+                                                                 scaler_->steps_seen(), 100 * share),
+                              fmt::format("more than precision.max_skipped_share = {:g}: those steps "
+                                          "trained nothing; raise precision.init_scale's headroom "
+                                          "(lower it) or find the overflow "
+                                          "(precision.check_overflow = true)",
+                                          config_.precision.max_skipped_share),
+                              /*warn=*/true);
+  }
+  result_.allreduce_hidden_share = reducer_.hidden_share();
+  if (!step_times_.empty()) {
+    std::nth_element(step_times_.begin(), step_times_.begin() + long(step_times_.size() / 2),
+                     step_times_.end());
+    result_.step_s_median = step_times_[step_times_.size() / 2];
+  }
+  evaluate_now(steps_);
+  return result_;
+}
+
+}  // namespace
+
+std::string describe_metrics(const Objective& objective, const EvalResult& eval) {
+  std::string text = fmt::format("test loss {:.4f} ({})", eval.loss, objective.name());
+  for (const auto& [key, value] : eval.metrics.items()) {
+    if (key == "loss" || key == "targets") continue;
+    if (value.is_number()) {
+      text += fmt::format(", {} {:.4f}", key, value.get<double>());
+    } else if (value.is_array()) {
+      std::string items;
+      for (const auto& item : value)
+        items += (items.empty() ? "" : " ") + (item.is_number() ? fmt::format("{:.3f}", item.get<double>()) : item.dump());
+      text += ", " + key + " [" + items + "]";
+    }
+  }
+  return text;
+}
+
+nlohmann::json TrainingResult::to_json() const {
+  return {{"steps", steps},
+          {"samples", samples},
+          {"final_train_loss", final_loss},
+          {"train_loss_is", "the mean over every valid target of the global batch (all ranks)"},
+          {"test_loss", last_eval.loss},
+          {"test_accuracy", last_eval.accuracy},
+          {"test_metrics", last_eval.metrics},
+          {"test_samples", last_eval.samples},
+          {"masked_targets", masked_targets},
+          {"skipped_steps", skipped_steps},
+          {"clipped_steps", clipped_steps},
+          {"checkpoints", checkpoints},
+          {"last_checkpoint_step", last_checkpoint},
+          {"audits", audits},
+          {"audits_disagreeing", audits_disagreeing},
+          {"last_audit", last_audit},
+          {"step_s_median", step_s_median},
+          {"allreduce_hidden_share", allreduce_hidden_share},
+          {"shared_gradient_storage", shared_gradients},
+          {"scaler", scaler},
+          {"overflows", overflows},
+          {"stopped_at_step", stopped_at_step}};
+}
+
+int64_t total_steps(const JobConfig& config, int64_t batches_per_epoch) {
+  if (config.job.steps > 0) return config.job.steps;
+  double batches = config.job.epochs * double(batches_per_epoch);
+  return std::max<int64_t>(1, int64_t(std::ceil(batches / double(config.train.accum_steps))));
+}
+
+TrainingResult train(TrainerParts parts) { return StepLoop(parts).run(); }
+
+}  // namespace lockstep
