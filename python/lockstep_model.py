@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Bring a PyTorch model to lockstep and take the trained one back.
+"""Bring a PyTorch model (and numpy data) to lockstep and take the trained model back.
 
 lockstep trains TorchScript modules (model.name = "torchscript",
 model.path = "net.pt"). This helper scripts an nn.Module, checks that the
@@ -11,6 +11,7 @@ From Python:
     lockstep_model.export(MyNet(), torch.zeros(8, 1, 28, 28), "net.pt")
     ...  lockstep run job.toml --set model.name=torchscript --set model.path=net.pt
     trained = lockstep_model.load_trained("runs/<run-id>/model-final.pt")
+    lockstep_model.export_arrays(x, y, "train.npz")   # data.name = "arrays"
 
 From the shell:
     python3 python/lockstep_model.py my_models.py:MyNet --input-shape 8,1,28,28 --out net.pt
@@ -90,6 +91,26 @@ def export(module, sample_input, path, output_key=None, sample_target=None):
         raise ExportError("the module has no trainable parameter (frozen, or torch.jit.freeze-d)")
     scripted.save(path)
     return shape
+
+
+def export_arrays(x, y, path, compressed=False):
+    """Writes inputs `x` and targets `y` (numpy arrays or tensors, one row per
+    sample) as the .npz lockstep reads with data.name = "arrays" (arrays x
+    and y). Class targets: integers, -1 for missing; values: floats, NaN for
+    missing. Uncompressed (the default) lets lockstep memory-map the file.
+    """
+    import numpy as np
+    x = x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    y = y.numpy() if isinstance(y, torch.Tensor) else np.asarray(y)
+    if len(x) != len(y):
+        raise ExportError(f"x has {len(x)} rows but y has {len(y)}; one target row per input row")
+    for name, array in (("x", x), ("y", y)):
+        if array.dtype.kind not in "fiub":
+            raise ExportError(f"{name} has dtype {array.dtype}; numbers or bool are needed")
+    x = np.ascontiguousarray(x.astype(x.dtype.newbyteorder("<")))
+    y = np.ascontiguousarray(y.astype(y.dtype.newbyteorder("<")))
+    (np.savez_compressed if compressed else np.savez)(path, x=x, y=y)
+    return path
 
 
 def load_trained(path):

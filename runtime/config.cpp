@@ -66,6 +66,11 @@ const std::vector<KeySpec>& schema() {
       {"data.path", Kind::kString, LOCKSTEP_FIELD(data.path)},
       {"data.train", Kind::kString, LOCKSTEP_FIELD(data.train), -kInf, kInf, false, {}, true},
       {"data.test", Kind::kString, LOCKSTEP_FIELD(data.test), -kInf, kInf, false, {}, true},
+      {"data.inputs_key", Kind::kString, LOCKSTEP_FIELD(data.inputs_key)},
+      {"data.targets_key", Kind::kString, LOCKSTEP_FIELD(data.targets_key)},
+      {"data.scale", Kind::kFloat, LOCKSTEP_FIELD(data.scale), 0, 1e12, true},
+      {"data.mean", Kind::kString, LOCKSTEP_FIELD(data.mean), -kInf, kInf, false, {}, true},
+      {"data.std", Kind::kString, LOCKSTEP_FIELD(data.std), -kInf, kInf, false, {}, true},
       {"data.batch_size", Kind::kInt, LOCKSTEP_FIELD(data.batch_size), 1, 1 << 20},
       {"data.synthetic_samples", Kind::kInt, LOCKSTEP_FIELD(data.synthetic_samples), 1, 1e8},
       {"data.prefetch", Kind::kInt, LOCKSTEP_FIELD(data.prefetch), 0, 64},
@@ -428,8 +433,33 @@ void validate(const JobConfig& config) {
     throw InputError("loss.name = model uses the TorchScript module's own loss(output, target) "
                      "method, so it needs model.name = torchscript (now " + config.model.name + ")");
   if (config.data.name == "arrays" && (config.data.train.empty() || config.data.test.empty()))
-    throw InputError("data.name = arrays needs data.train and data.test: folders holding x.npy "
-                     "(inputs) and y.npy (targets)");
+    throw InputError("data.name = arrays needs data.train and data.test: .npz files written by "
+                     "numpy.savez (arrays x and y), or folders holding x.npy (inputs) and y.npy (targets)");
+  if (config.data.name != "arrays" &&
+      (config.data.scale != 1.0 || !config.data.mean.empty() || !config.data.std.empty()))
+    throw InputError("keys 'data.scale', 'data.mean' and 'data.std' apply to data.name = arrays only "
+                     "(now " + config.data.name + ")");
+  for (const char* key : {"data.mean", "data.std"}) {
+    const std::string& text = std::string(key) == "data.mean" ? config.data.mean : config.data.std;
+    for (const auto& item : split_names(text)) {
+      size_t used = 0;
+      double value = 0;
+      try {
+        value = std::stod(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != item.size() || !std::isfinite(value) || (std::string(key) == "data.std" && value <= 0))
+        throw InputError("key '" + std::string(key) + "' = '" + text + "': '" + item + "' is not " +
+                         (std::string(key) == "data.std" ? "a number above 0" : "a number") +
+                         " (a comma-separated list, one per channel, or one for all)");
+    }
+  }
+  if (split_names(config.data.mean).size() != split_names(config.data.std).size() &&
+      !config.data.std.empty() && !config.data.mean.empty())
+    throw InputError("data.mean has " + std::to_string(split_names(config.data.mean).size()) +
+                     " values and data.std " + std::to_string(split_names(config.data.std).size()) +
+                     "; give one per channel for both");
   if (config.data.name != "arrays" && (!config.data.train.empty() || !config.data.test.empty()))
     throw InputError("keys 'data.train' and 'data.test' apply to data.name = arrays only (now " +
                      config.data.name + ")");

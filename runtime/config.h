@@ -47,8 +47,13 @@ struct LossSection {
 struct DataSection {
   std::string name = "fashion-mnist";  // fashion-mnist | synthetic | arrays
   std::string path = "/usr/share/datasets/fashion-mnist";
-  std::string train;                     // arrays: a folder holding x.npy and y.npy
+  std::string train;                     // arrays: an .npz, or a folder holding x.npy and y.npy
   std::string test;                      // arrays: the same for the test set
+  std::string inputs_key = "x";          // arrays: the inputs' name in the .npz / folder
+  std::string targets_key = "y";         // arrays: the targets' name
+  double scale = 1.0;                    // arrays: inputs are multiplied by it (1/255 for uint8 images)
+  std::string mean;                      // arrays: per-channel means subtracted after scaling, "0.5,0.5,0.5"
+  std::string std;                       // arrays: per-channel standard deviations divided by
   int64_t batch_size = 64;               // per rank, per microbatch
   int64_t synthetic_samples = 4096;      // training samples of the synthetic set
   double missing_targets = 0.0;          // synthetic: share of labels set to -1

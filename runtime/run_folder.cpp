@@ -207,4 +207,13 @@ void EventWriter::write(nlohmann::json event) {
   throw RunError("cannot write " + path_ + ": " + std::strerror(error ? error : EIO));
 }
 
+std::string cache_folder() {
+  std::filesystem::path dir;
+  if (const char* own = std::getenv("LOCKSTEP_CACHE_DIR"); own && *own) dir = own;
+  else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) dir = std::filesystem::path(xdg) / "lockstep";
+  else if (const char* home = std::getenv("HOME"); home && *home) dir = std::filesystem::path(home) / ".cache/lockstep";
+  else dir = std::filesystem::temp_directory_path() / "lockstep-cache";
+  return dir.string();
+}
+
 }  // namespace lockstep

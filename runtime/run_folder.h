@@ -22,6 +22,10 @@ std::string utc_timestamp();
 // reader sees the old file or the new one, never half of one.
 void write_file_atomically(const std::string& path, const std::string& contents);
 
+// This user's cache folder for lockstep (not created): $LOCKSTEP_CACHE_DIR,
+// else $XDG_CACHE_HOME/lockstep, else ~/.cache/lockstep.
+std::string cache_folder();
+
 // The whole contents of `path`, a regular file of at most `max_bytes`.
 // Throws InputError naming `what` (a flag or key) and the path when the
 // file cannot be read, is not a regular file (a FIFO, /dev/zero) or is

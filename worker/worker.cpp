@@ -16,6 +16,7 @@
 #include "runtime/comm/control_group.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/dataset.h"
+#include "runtime/data/provenance.h"
 #include "runtime/model/digest.h"
 #include "runtime/errors.h"
 #include "runtime/precision/machine.h"
@@ -82,7 +83,7 @@ std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRe
   model->set_overflow_check(config.precision.check_overflow);
   auto objective = make_objective(config.loss, *model);
   const int64_t rows = std::min<int64_t>(config.data.batch_size, data.train.size());
-  const at::Tensor input = data.train.inputs.narrow(0, 0, rows);
+  const at::Tensor input = data.train.input_rows(torch::arange(rows, torch::kLong));
   const at::Tensor target = data.train.targets.narrow(0, 0, rows);
   torch::NoGradGuard no_grad;
   model->train(false);  // BatchNorm's running statistics stay as loaded
@@ -224,7 +225,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                      {"generation", options.generation},
                      {"ranks", ranks},
                      {"rendezvous", place.description},
-                     {"data", data.description}};
+                     {"data", data.description},
+                     {"data_files", data_provenance(data.files)}};
     manifest.write();
     spdlog::info("run folder: {}", folder.path());
   }

@@ -69,7 +69,7 @@ Batch BatchStream::assemble() {
   int64_t count = std::min(batch_size_, order_.numel() - position_);
   at::Tensor rows = order_.narrow(0, position_, count);
   position_ += count;
-  return Batch{data_.inputs.index_select(0, rows), data_.targets.index_select(0, rows), epoch_};
+  return Batch{data_.input_rows(rows), data_.targets.index_select(0, rows), epoch_};
 }
 
 }  // namespace lockstep

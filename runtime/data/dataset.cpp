@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "runtime/errors.h"
+#include "runtime/data/arrays.h"
 #include "runtime/data/npy.h"
 
 namespace lockstep {
@@ -137,6 +138,9 @@ TrainTestData load_fashion_mnist(const std::string& dir) {
   TrainTestData data{load("train"), load("t10k"), ""};
   data.description = "fashion-mnist from " + dir + " (" + std::to_string(data.train.size()) +
                      " train, " + std::to_string(data.test.size()) + " test)";
+  for (const char* name : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                           "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"})
+    data.files.push_back(dir + "/" + name);
   return data;
 }
 
@@ -183,22 +187,25 @@ void validate_data_files(const DataSection& data) {
                             read_idx_gz(data.path + "/" + prefix + "-labels-idx1-ubyte.gz", 1));
 }
 
+at::Tensor InputTransform::apply(const at::Tensor& rows) const {
+  at::Tensor out = rows.scalar_type() == at::kFloat ? rows : rows.to(at::kFloat);
+  if (scale != 1.0) out = out * scale;
+  auto per_channel = [&](const std::vector<double>& values) {
+    std::vector<int64_t> shape(size_t(std::max<int64_t>(out.dim(), 2)), 1);
+    shape[1] = int64_t(values.size());
+    return torch::tensor(values, torch::kFloat).reshape(shape);
+  };
+  if (!mean.empty()) out = out - per_channel(mean);
+  if (!std.empty()) out = out / per_channel(std);
+  return out;
+}
+
+at::Tensor Dataset::input_rows(const at::Tensor& rows) const {
+  return transform.apply(reader ? reader->read(rows) : inputs.index_select(0, rows));
+}
+
 TrainTestData load_data(const DataSection& data, uint64_t seed) {
-  if (data.name == "arrays") {
-    TrainTestData out;
-    out.train = read_array_folder(data.train, "data.train");
-    out.test = read_array_folder(data.test, "data.test");
-    if (out.train.inputs.sizes().slice(1) != out.test.inputs.sizes().slice(1))
-      throw InputError("data.train inputs are " + c10::str(out.train.inputs.sizes()) +
-                       " but data.test inputs are " + c10::str(out.test.inputs.sizes()) +
-                       ": the same shape per sample is needed");
-    out.description = "arrays: train " + data.train + " (" + std::to_string(out.train.size()) +
-                      " rows, inputs " + c10::str(out.train.inputs.sizes()) + ", targets " +
-                      c10::str(out.train.targets.sizes()) + " " +
-                      std::string(c10::toString(out.train.targets.scalar_type())) + "), test " +
-                      data.test + " (" + std::to_string(out.test.size()) + " rows)";
-    return out;
-  }
+  if (data.name == "arrays") return load_arrays(data);
   if (data.name == "synthetic")
     return make_synthetic(data.synthetic_samples, seed, data.missing_targets);
   return load_fashion_mnist(data.path);

@@ -1,11 +1,15 @@
 #pragma once
-// Training and test data held in memory, decoded once: inputs (float32,
-// any shape [N, ...]) and targets ([N, ...]: int64 classes with -1 for
-// "missing", or float values with NaN for "missing"). Fashion-MNIST gives
+// Training and test data: inputs (any shape [N, ...], any dtype, possibly
+// a memory-mapped file that is read only where rows are taken) and targets
+// ([N, ...]: int64 classes with -1 for "missing", or float32 values with NaN
+// for "missing"). Rows become float32 model inputs per batch (input_rows),
+// so only the batches in flight are materialised. Fashion-MNIST gives
 // images [N, 1, 28, 28], normalised, and class labels; data.name = arrays
-// takes any inputs and targets from numpy's .npy files.
+// takes numpy's .npy and .npz files (data/arrays.h).
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -13,16 +17,29 @@
 
 namespace lockstep {
 
+// float32, times `scale`, then per channel (dimension 1) minus mean over std.
+struct InputTransform {
+  double scale = 1.0;
+  std::vector<double> mean, std;  // empty, one value, or one per channel
+  at::Tensor apply(const at::Tensor& rows) const;
+};
+
+class RowReader;
 struct Dataset {
-  at::Tensor inputs;
+  at::Tensor inputs;  // for shapes and dtype; rows come through `reader` when it is set
+  std::shared_ptr<const RowReader> reader;
   at::Tensor targets;
+  InputTransform transform;
   int64_t size() const { return targets.size(0); }
+  // Rows `rows` (int64 indices) as model inputs: gathered, then transformed.
+  at::Tensor input_rows(const at::Tensor& rows) const;
 };
 
 struct TrainTestData {
   Dataset train;
   Dataset test;
   std::string description;  // for the log and the manifest
+  std::vector<std::string> files;  // what it was read from, for provenance (data/provenance.h)
 };
 
 // Reads a gzip-compressed IDX file of unsigned bytes with `expected_dims`

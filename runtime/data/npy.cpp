@@ -1,110 +1,304 @@
 #include "runtime/data/npy.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include <cstring>
-#include <fstream>
+#include <map>
+#include <memory>
 #include <regex>
 
 #include <torch/torch.h>
 
-#include "runtime/data/dataset.h"
 #include "runtime/errors.h"
 
 namespace lockstep {
 namespace {
 
-constexpr int64_t kMaxNpyBytes = int64_t(16) << 30;  // in memory; larger needs a memory-mapped source
+// A read-only mapping of a whole file, alive while any tensor views it.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    struct stat info {};
+    if (::stat(path.c_str(), &info) != 0) throw InputError(path + ": no such file");
+    if (!S_ISREG(info.st_mode)) throw InputError(path + ": not a regular file");
+    size_ = size_t(info.st_size);
+    if (size_ == 0) throw InputError(path + ": an empty file");
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw InputError(path + ": cannot open (" + std::strerror(errno) + ")");
+    void* address = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (address == MAP_FAILED) throw InputError(path + ": cannot map (" + std::strerror(errno) + ")");
+    // Only headers are read through the mapping (rows go through RowReader):
+    // no read-ahead around them.
+    ::madvise(address, size_, MADV_RANDOM);
+    data_ = static_cast<const uint8_t*>(address);
+  }
+  ~MappedFile() { ::munmap(const_cast<uint8_t*>(data_), size_); }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
 
-at::ScalarType dtype_of(const std::string& path, const std::string& descr) {
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+at::ScalarType dtype_of(const std::string& where, const std::string& descr) {
   static const std::map<std::string, at::ScalarType> known = {
       {"f2", at::kHalf}, {"f4", at::kFloat}, {"f8", at::kDouble}, {"i1", at::kChar},
       {"i2", at::kShort}, {"i4", at::kInt},  {"i8", at::kLong},   {"u1", at::kByte},
       {"b1", at::kBool}};
   const std::string allowed = "float16/32/64, int8/16/32/64, uint8, bool; little-endian";
-  if (descr.size() != 3 || (descr[0] != '<' && descr[0] != '|'))
-    throw InputError(path + ": dtype '" + descr + "' is not supported (" +
-                     (descr.size() == 3 && descr[0] == '>' ? "big-endian; convert with "
-                                                             "a.astype(a.dtype.newbyteorder('<'))"
-                                                           : "allowed: " + allowed) + ")");
-  auto it = known.find(descr.substr(1));
-  if (it == known.end())
-    throw InputError(path + ": dtype '" + descr + "' is not supported (allowed: " + allowed + ")");
-  return it->second;
+  const bool big_endian = descr.size() == 3 && descr[0] == '>' && descr.substr(1) != "u1" &&
+                          descr.substr(1) != "i1" && descr.substr(1) != "b1";
+  if (big_endian)
+    throw InputError(where + ": dtype '" + descr + "' is big-endian; save "
+                     "a.astype(a.dtype.newbyteorder('<')) instead");
+  if (descr.size() != 3 || (descr[0] != '<' && descr[0] != '|' && descr[0] != '>') ||
+      !known.count(descr.substr(1)))
+    throw InputError(where + ": dtype '" + descr + "' is not supported (allowed: " + allowed + ")");
+  return known.at(descr.substr(1));
+}
+
+struct NpyLayout {
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  size_t data_offset = 0;
+  int64_t data_bytes = 0;
+};
+
+// Parses the header at `bytes` (a whole .npy of `size` bytes).
+NpyLayout parse_npy(const uint8_t* bytes, size_t size, const std::string& where) {
+  if (size < 10 || std::memcmp(bytes, "\x93NUMPY", 6) != 0)
+    throw InputError(where + ": not a .npy array (no \\x93NUMPY magic); write it with numpy.save");
+  const int major = bytes[6];
+  if (major < 1 || major > 3)
+    throw InputError(where + ": .npy version " + std::to_string(major) + " (allowed: 1, 2, 3)");
+  size_t header_length = 0, start = major == 1 ? 10 : 12;
+  if (size < start) throw InputError(where + ": truncated .npy header");
+  header_length = major == 1 ? size_t(bytes[8]) | size_t(bytes[9]) << 8
+                             : size_t(bytes[8]) | size_t(bytes[9]) << 8 | size_t(bytes[10]) << 16 |
+                                   size_t(bytes[11]) << 24;
+  if (start + header_length > size) throw InputError(where + ": truncated .npy header");
+  const std::string header(reinterpret_cast<const char*>(bytes + start), header_length);
+
+  std::smatch match;
+  if (!std::regex_search(header, match, std::regex("'descr'\\s*:\\s*'([^']*)'")))
+    throw InputError(where + ": the .npy header has no simple 'descr' (structured or object dtypes "
+                     "are not supported): " + header.substr(0, 120));
+  NpyLayout layout;
+  layout.dtype = dtype_of(where, match[1]);
+  if (!std::regex_search(header, match, std::regex("'fortran_order'\\s*:\\s*(True|False)")))
+    throw InputError(where + ": the .npy header has no 'fortran_order'");
+  if (match[1] == "True")
+    throw InputError(where + ": the array is in Fortran order; save numpy.ascontiguousarray(a)");
+  if (!std::regex_search(header, match, std::regex("'shape'\\s*:\\s*\\(([^)]*)\\)")))
+    throw InputError(where + ": the .npy header has no 'shape'");
+  const std::string dims = match[1];
+  const std::regex number("[0-9]+");
+  for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it)
+    layout.shape.push_back(std::stoll(it->str()));
+  if (layout.shape.empty())
+    throw InputError(where + ": a 0-dimensional array; one row per sample is needed");
+  int64_t count = 1;
+  for (int64_t d : layout.shape) count *= d;
+  layout.data_offset = start + header_length;
+  layout.data_bytes = count * int64_t(c10::elementSize(layout.dtype));
+  const int64_t held = int64_t(size) - int64_t(layout.data_offset);
+  if (held != layout.data_bytes)
+    throw InputError(where + ": the header promises " + std::to_string(layout.data_bytes) +
+                     " bytes for " + std::string(c10::toString(layout.dtype)) + " " +
+                     c10::str(c10::IntArrayRef(layout.shape)) + ", the file holds " +
+                     std::to_string(held) + (held < layout.data_bytes ? " (truncated)" : " (damaged)"));
+  return layout;
+}
+
+LoadedArray view_npy(const uint8_t* bytes, size_t size, std::shared_ptr<void> keep_alive,
+                     const std::string& where, const std::string& file = "", int64_t file_offset = -1) {
+  const bool mapped = file_offset >= 0;
+  NpyLayout layout = parse_npy(bytes, size, where);
+  LoadedArray out;
+  if (mapped)
+    out.reader = std::make_shared<RowReader>(file, file_offset + int64_t(layout.data_offset),
+                                             layout.shape, layout.dtype);
+  out.where = where;
+  out.mapped = mapped;
+  out.bytes = layout.data_bytes;
+  // The tensor views the bytes in place; `keep_alive` (the mapping or the
+  // inflated buffer) lives as long as it does. Nothing writes to it.
+  out.tensor = torch::from_blob(const_cast<uint8_t*>(bytes + layout.data_offset), layout.shape,
+                                [keep_alive](void*) {}, torch::TensorOptions().dtype(layout.dtype));
+  return out;
+}
+
+uint32_t u16(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8; }
+uint32_t u32(const uint8_t* p) { return u16(p) | u16(p + 2) << 16; }
+uint64_t u64(const uint8_t* p) { return uint64_t(u32(p)) | uint64_t(u32(p + 4)) << 32; }
+
+struct ZipMember {
+  std::string name;
+  uint32_t method = 0;
+  uint64_t compressed = 0, uncompressed = 0, local_header = 0;
+};
+
+// The central directory of a zip (zip64 included), as numpy writes it.
+std::vector<ZipMember> zip_members(const MappedFile& file, const std::string& path) {
+  const uint8_t* data = file.data();
+  const size_t size = file.size();
+  auto bad = [&](const std::string& why) { return InputError(path + ": not a readable .npz (" + why + ")"); };
+  if (size < 22) throw bad("too short for a zip file");
+  size_t end = size - 22;
+  const size_t lowest = size > 22 + 65535 ? size - 22 - 65535 : 0;
+  while (u32(data + end) != 0x06054b50) {
+    if (end == lowest) throw bad("no end of central directory: truncated?");
+    --end;
+  }
+  uint64_t entries = u16(data + end + 10), directory = u32(data + end + 16);
+  if ((entries == 0xffff || directory == 0xffffffff) && end >= 20 && u32(data + end - 20) == 0x07064b50) {
+    const uint64_t record = u64(data + end - 20 + 8);
+    if (record + 56 > size || u32(data + record) != 0x06064b50) throw bad("damaged zip64 record");
+    entries = u64(data + record + 32);
+    directory = u64(data + record + 48);
+  }
+  std::vector<ZipMember> members;
+  size_t at = size_t(directory);
+  for (uint64_t i = 0; i < entries; ++i) {
+    if (at + 46 > size || u32(data + at) != 0x02014b50) throw bad("damaged central directory");
+    ZipMember m;
+    m.method = u16(data + at + 10);
+    m.compressed = u32(data + at + 20);
+    m.uncompressed = u32(data + at + 24);
+    const size_t name_length = u16(data + at + 28), extra_length = u16(data + at + 30),
+                 comment_length = u16(data + at + 32);
+    m.local_header = u32(data + at + 42);
+    if (at + 46 + name_length + extra_length > size) throw bad("damaged central directory");
+    m.name.assign(reinterpret_cast<const char*>(data + at + 46), name_length);
+    // zip64: the 64-bit values of the fields that hold 0xffffffff, in order.
+    for (size_t x = at + 46 + name_length; x + 4 <= at + 46 + name_length + extra_length;) {
+      const uint32_t id = u16(data + x), length = u16(data + x + 2);
+      if (id == 0x0001) {
+        size_t field = x + 4;
+        if (m.uncompressed == 0xffffffff) m.uncompressed = u64(data + field), field += 8;
+        if (m.compressed == 0xffffffff) m.compressed = u64(data + field), field += 8;
+        if (m.local_header == 0xffffffff) m.local_header = u64(data + field);
+      }
+      x += 4 + length;
+    }
+    members.push_back(m);
+    at += 46 + name_length + extra_length + comment_length;
+  }
+  return members;
 }
 
 }  // namespace
 
-at::Tensor read_npy(const std::string& path) {
-  struct stat info {};
-  if (::stat(path.c_str(), &info) != 0) throw InputError(path + ": no such file");
-  if (!S_ISREG(info.st_mode)) throw InputError(path + ": not a regular file");
-  if (info.st_size > kMaxNpyBytes)
-    throw InputError(path + ": " + std::to_string(info.st_size >> 20) + " MiB is more than the " +
-                     std::to_string(kMaxNpyBytes >> 20) + " MiB read into memory");
-  std::ifstream in(path, std::ios::binary);
-  char magic[8] = {};
-  in.read(magic, 8);
-  if (in.gcount() != 8 || std::memcmp(magic, "\x93NUMPY", 6) != 0)
-    throw InputError(path + ": not a .npy file (no \\x93NUMPY magic); write it with numpy.save");
-  const int major = static_cast<unsigned char>(magic[6]);
-  if (major < 1 || major > 3)
-    throw InputError(path + ": .npy version " + std::to_string(major) + " (allowed: 1, 2, 3)");
-  uint32_t header_length = 0;
-  unsigned char length_bytes[4] = {};
-  in.read(reinterpret_cast<char*>(length_bytes), major == 1 ? 2 : 4);
-  for (int i = (major == 1 ? 1 : 3); i >= 0; --i) header_length = (header_length << 8) | length_bytes[i];
-  if (!in || header_length > (1u << 20)) throw InputError(path + ": truncated or damaged .npy header");
-  std::string header(header_length, '\0');
-  in.read(header.data(), header_length);
-  if (in.gcount() != std::streamsize(header_length)) throw InputError(path + ": truncated .npy header");
-
-  std::smatch match;
-  if (!std::regex_search(header, match, std::regex("'descr'\\s*:\\s*'([^']*)'")))
-    throw InputError(path + ": .npy header has no simple 'descr' (structured or object dtypes are "
-                     "not supported): " + header.substr(0, 120));
-  const at::ScalarType dtype = dtype_of(path, match[1]);
-  if (!std::regex_search(header, match, std::regex("'fortran_order'\\s*:\\s*(True|False)")))
-    throw InputError(path + ": .npy header has no 'fortran_order'");
-  if (match[1] == "True")
-    throw InputError(path + ": the array is in Fortran order; save numpy.ascontiguousarray(a)");
-  if (!std::regex_search(header, match, std::regex("'shape'\\s*:\\s*\\(([^)]*)\\)")))
-    throw InputError(path + ": .npy header has no 'shape'");
-  std::vector<int64_t> shape;
-  const std::string dims = match[1];
-  const std::regex number("[0-9]+");
-  for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it)
-    shape.push_back(std::stoll(it->str()));
-  if (shape.empty()) throw InputError(path + ": a 0-dimensional array; one row per sample is needed");
-
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  const int64_t bytes = count * int64_t(c10::elementSize(dtype));
-  const int64_t data_start = int64_t(in.tellg());
-  if (data_start + bytes != int64_t(info.st_size))
-    throw InputError(path + ": the header promises " + std::to_string(bytes) + " bytes of data " +
-                     c10::str(c10::IntArrayRef(shape)) + ", the file holds " +
-                     std::to_string(int64_t(info.st_size) - data_start) + " (truncated or damaged)");
-  at::Tensor tensor = torch::empty(shape, torch::TensorOptions().dtype(dtype));
-  in.read(static_cast<char*>(tensor.data_ptr()), bytes);
-  if (in.gcount() != bytes) throw InputError(path + ": truncated while reading");
-  return tensor;
+RowReader::RowReader(const std::string& path, int64_t data_offset, std::vector<int64_t> shape,
+                     at::ScalarType dtype)
+    : path_(path), data_offset_(data_offset), shape_(std::move(shape)), dtype_(dtype) {
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) throw InputError(path + ": cannot open (" + std::strerror(errno) + ")");
+  row_bytes_ = int64_t(c10::elementSize(dtype));
+  for (size_t d = 1; d < shape_.size(); ++d) row_bytes_ *= shape_[d];
 }
 
-Dataset read_array_folder(const std::string& folder, const std::string& key) {
-  struct stat info {};
-  if (::stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode))
-    throw InputError(key + " = " + folder + ": no such folder (a folder holding x.npy and y.npy)");
-  const std::string x_path = folder + "/x.npy", y_path = folder + "/y.npy";
-  at::Tensor x = read_npy(x_path), y = read_npy(y_path);
-  if (x.size(0) != y.size(0))
-    throw InputError(key + " = " + folder + ": x.npy has " + std::to_string(x.size(0)) +
-                     " rows but y.npy has " + std::to_string(y.size(0)) + "; one target row per input row");
-  if (x.size(0) == 0) throw InputError(key + " = " + folder + ": x.npy has no rows");
-  Dataset set;
-  set.inputs = x.to(at::kFloat).contiguous();
-  set.targets = y.is_floating_point() ? y.to(at::kFloat) : y.to(at::kLong);
-  return set;
+RowReader::~RowReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+at::Tensor RowReader::read(const at::Tensor& rows) const {
+  std::vector<int64_t> shape = shape_;
+  shape[0] = rows.numel();
+  at::Tensor out = torch::empty(shape, torch::TensorOptions().dtype(dtype_));
+  auto* dst = static_cast<char*>(out.data_ptr());
+  const at::Tensor indices = rows.to(at::kLong).contiguous();
+  const int64_t* index = indices.data_ptr<int64_t>();
+  for (int64_t i = 0; i < indices.numel(); ++i) {
+    if (index[i] < 0 || index[i] >= shape_[0])
+      throw RunError(path_ + ": row " + std::to_string(index[i]) + " of " + std::to_string(shape_[0]));
+    for (int64_t done = 0; done < row_bytes_;) {
+      const ssize_t got = ::pread(fd_, dst + i * row_bytes_ + done, size_t(row_bytes_ - done),
+                                  off_t(data_offset_ + index[i] * row_bytes_ + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0)
+        throw RunError(path_ + ": reading row " + std::to_string(index[i]) + " failed (" +
+                       (got == 0 ? std::string("the file shrank") : std::string(std::strerror(errno))) + ")");
+      done += got;
+    }
+  }
+  return out;
+}
+
+LoadedArray load_npy(const std::string& path) {
+  auto file = std::make_shared<MappedFile>(path);
+  return view_npy(file->data(), file->size(), file, path, path, 0);
+}
+
+std::vector<std::string> npz_members(const std::string& path) {
+  MappedFile file(path);
+  std::vector<std::string> names;
+  for (const auto& m : zip_members(file, path))
+    names.push_back(m.name.size() > 4 && m.name.substr(m.name.size() - 4) == ".npy"
+                        ? m.name.substr(0, m.name.size() - 4) : m.name);
+  return names;
+}
+
+LoadedArray load_npz_member(const std::string& path, const std::string& name) {
+  auto file = std::make_shared<MappedFile>(path);
+  const std::vector<ZipMember> members = zip_members(*file, path);
+  const std::string where = name + ".npy in " + path;
+  const ZipMember* found = nullptr;
+  std::string names;
+  for (const auto& m : members) {
+    if (m.name == name + ".npy") found = &m;
+    names += (names.empty() ? "" : ", ") + m.name.substr(0, m.name.size() >= 4 ? m.name.size() - 4 : 0);
+  }
+  if (!found)
+    throw InputError(path + " has no array '" + name + "' (it holds: " + (names.empty() ? "nothing" : names) +
+                     "); name the arrays with data.inputs_key / data.targets_key");
+  const uint8_t* data = file->data();
+  const uint64_t local = found->local_header;
+  if (local + 30 > file->size() || u32(data + local) != 0x04034b50)
+    throw InputError(where + ": damaged local header (truncated?)");
+  const uint64_t start = local + 30 + u16(data + local + 26) + u16(data + local + 28);
+  if (start + found->compressed > file->size())
+    throw InputError(where + ": the member runs past the end of the file (truncated)");
+  if (found->method == 0)
+    return view_npy(data + start, size_t(found->compressed), file, where, path, int64_t(start));
+  if (found->method != 8)
+    throw InputError(where + ": compression method " + std::to_string(found->method) +
+                     " (allowed: stored, deflated: what numpy.savez and savez_compressed write)");
+  auto inflated = std::make_shared<std::vector<uint8_t>>(size_t(found->uncompressed));
+  z_stream stream{};
+  if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) throw InputError(where + ": cannot start zlib");
+  // zlib counts in 32 bits: feed and drain it in slices of at most 1 GiB.
+  constexpr uint64_t kSlice = uint64_t(1) << 30;
+  uint64_t in_left = found->compressed, out_left = inflated->size();
+  stream.next_in = const_cast<uint8_t*>(data + start);
+  stream.next_out = inflated->data();
+  int status = Z_OK;
+  while (status == Z_OK) {
+    if (stream.avail_in == 0 && in_left > 0) {
+      stream.avail_in = uInt(std::min(in_left, kSlice));
+      in_left -= stream.avail_in;
+    }
+    if (stream.avail_out == 0 && out_left > 0) {
+      stream.avail_out = uInt(std::min(out_left, kSlice));
+      out_left -= stream.avail_out;
+    }
+    status = inflate(&stream, Z_NO_FLUSH);
+    if (status == Z_BUF_ERROR && stream.avail_in == 0 && in_left == 0) break;  // input ran out
+  }
+  const uint64_t produced = stream.total_out;
+  inflateEnd(&stream);
+  if (status != Z_STREAM_END || produced != found->uncompressed)
+    throw InputError(where + ": the deflated member does not inflate to its " +
+                     std::to_string(found->uncompressed) + " bytes (damaged or truncated)");
+  return view_npy(inflated->data(), inflated->size(), inflated, where);
 }
 
 }  // namespace lockstep

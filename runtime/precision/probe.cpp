@@ -219,14 +219,7 @@ std::string this_executable() {
   return error ? "lockstep" : self.string();
 }
 
-std::string probe_cache_path() {
-  std::filesystem::path dir;
-  if (const char* own = std::getenv("LOCKSTEP_CACHE_DIR"); own && *own) dir = own;
-  else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) dir = std::filesystem::path(xdg) / "lockstep";
-  else if (const char* home = std::getenv("HOME"); home && *home) dir = std::filesystem::path(home) / ".cache/lockstep";
-  else dir = std::filesystem::temp_directory_path() / "lockstep-cache";
-  return (dir / "probe.json").string();
-}
+std::string probe_cache_path() { return cache_folder() + "/probe.json"; }
 
 std::vector<ProbeRow> measure_candidate(const std::string& device, const std::string& dtype,
                                         double seconds) {

@@ -18,7 +18,7 @@ EvalResult evaluate(Model& model, const Objective& objective, const Dataset& tes
   at::Tensor mine = torch::arange(rank, test.size(), world_size, torch::kInt64);
   for (int64_t start = 0; start < mine.numel(); start += batch_size) {
     at::Tensor rows = mine.narrow(0, start, std::min(batch_size, mine.numel() - start));
-    at::Tensor output = forward_output(model, test.inputs.index_select(0, rows).to(model.device()),
+    at::Tensor output = forward_output(model, test.input_rows(rows).to(model.device()),
                                        precision == "bf16" ? at::kBFloat16 : at::kFloat);
     std::vector<double> batch =
         objective.metric_sums(output, test.targets.index_select(0, rows).to(model.device()));
@@ -28,7 +28,7 @@ EvalResult evaluate(Model& model, const Objective& objective, const Dataset& tes
   // A rank with no test sample (more ranks than samples) still takes part:
   // its sums are learned from a forward of one sample, then zeroed.
   if (sums.empty()) {
-    at::Tensor output = forward_output(model, test.inputs.narrow(0, 0, 1).to(model.device()),
+    at::Tensor output = forward_output(model, test.input_rows(torch::zeros({1}, torch::kLong)).to(model.device()),
                                        precision == "bf16" ? at::kBFloat16 : at::kFloat);
     sums.assign(objective.metric_sums(output, test.targets.narrow(0, 0, 1).to(model.device())).size(), 0.0);
   }

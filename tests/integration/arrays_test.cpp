@@ -1,0 +1,134 @@
+// data.name = "arrays": numpy's own files (tests/python/array_fixtures.py)
+// trained by real lockstep processes on 2 ranks; a 2 GiB array read by rows;
+// damaged files refused; provenance recorded and its digests cached.
+#include <cstdio>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "integration/jobs.h"
+
+namespace lockstep::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kArrays = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/python/array_fixtures.py";
+
+int python(const std::string& args) {
+  const std::string line = "timeout -s KILL 120 /usr/bin/python3 " + kArrays + " " + args;
+  return std::system(line.c_str());
+}
+
+std::vector<std::string> arrays_run(const std::string& runs, const std::string& train,
+                                    const std::string& test, std::vector<std::string> sets) {
+  std::vector<std::string> all = {"data.name=arrays", "data.train=" + train, "data.test=" + test,
+                                  "job.run_dir=" + runs, "data.batch_size=32"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  std::vector<std::string> args = {"run", examples_dir() + "/synthetic.toml", "--nproc", "2"};
+  for (auto& s : all) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  return args;
+}
+
+const std::vector<std::string> kImageSets = {"model.name=mlp", "data.scale=0.00392156862745098",
+                                             "data.mean=0.286", "data.std=0.353", "job.steps=150"};
+
+TEST(Arrays, NpzOfUint8ImagesTrainsOnTwoRanksAndItsProvenanceIsRecordedAndCached) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist")) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir dir;
+  ASSERT_EQ(python("good " + dir.path() + "/a"), 0);
+  const std::vector<std::string> cache = {"LOCKSTEP_CACHE_DIR=" + dir.path() + "/cache"};
+  std::vector<std::string> cached;
+  for (const std::string name : {"fmnist", "fmnist-deflated", "fmnist"}) {
+    const std::string runs = dir.path() + "/runs-" + std::to_string(cached.size());
+    auto result = run_lockstep(arrays_run(runs, dir.path() + "/a/" + name + ".npz",
+                                          dir.path() + "/a/fmnist-test.npz", kImageSets),
+                               dir.path(), 120, cache);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    auto manifest = read_json(single_run(runs) + "/manifest.json");
+    const double accuracy = manifest["metrics"]["test_accuracy"];
+    std::printf("%s.npz: test accuracy %.4f after 150 steps\n", name.c_str(), accuracy);
+    EXPECT_GT(accuracy, 0.7) << name;
+    EXPECT_EQ(result.output.find("Decision: data_in_memory") != std::string::npos, name == "fmnist-deflated")
+        << result.output;
+    const auto& files = manifest["data_files"];
+    ASSERT_EQ(files.size(), 2u) << files.dump();
+    EXPECT_EQ(files[0]["bytes"], int64_t(fs::file_size(dir.path() + "/a/" + name + ".npz")));
+    EXPECT_EQ(files[0]["xxh3"].get<std::string>().size(), 16u) << files.dump();
+    cached.push_back(files[0]["digest_cached"].get<bool>() ? "cached" : "hashed");
+  }
+  EXPECT_EQ(cached, (std::vector<std::string>{"hashed", "hashed", "cached"}))
+      << "the second run of fmnist.npz should take its digest from the cache";
+}
+
+TEST(Arrays, AFolderOfNpyWithNanTargetsTrainsARegression) {
+  TempDir dir;
+  ASSERT_EQ(python("good " + dir.path() + "/a"), 0);
+  auto made = std::system(("timeout -s KILL 120 /usr/bin/python3 " + std::string(LOCKSTEP_SOURCE_DIR) +
+                           "/tests/python/scripted_fixtures.py make " + dir.path() + "/fx").c_str());
+  ASSERT_EQ(made, 0);
+  const std::string runs = dir.path() + "/runs";
+  auto result = run_lockstep(arrays_run(runs, dir.path() + "/a/regress/train", dir.path() + "/a/regress/test",
+                                        {"model.name=torchscript", "model.path=" + dir.path() + "/fx/tied.pt",
+                                         "loss.name=mse", "optim.lr=0.02", "job.steps=200",
+                                         "eval.every=10"}),
+                             dir.path(), 120);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::vector<double> mse;
+  for (const auto& e : read_json_lines(single_run(runs) + "/events-rank0.jsonl"))
+    if (e["event"] == "eval") mse.push_back(e["metrics"]["mse"]);
+  ASSERT_GE(mse.size(), 2u);
+  std::printf("test MSE after 10 steps %.4f, after 200 %.4f\n", mse.front(), mse.back());
+  EXPECT_LT(mse.back(), 0.5 * mse.front());
+  auto metrics = read_json(single_run(runs) + "/manifest.json")["metrics"];
+  EXPECT_GT(metrics["masked_targets"].get<int64_t>(), 0) << "a quarter of the targets are NaN";
+}
+
+TEST(Arrays, ATwoGibibyteNpyKeepsEachRanksResidentSetSmall) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist")) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir dir;
+  ASSERT_EQ(python("good " + dir.path() + "/a"), 0);
+  ASSERT_EQ(python("big " + dir.path() + "/a 2740000"), 0);  // 2.0 GiB of uint8 images
+  const std::string runs = dir.path() + "/runs";
+  auto sets = kImageSets;
+  sets.back() = "job.steps=300";
+  auto result = run_lockstep(arrays_run(runs, dir.path() + "/a/big", dir.path() + "/a/fmnist-test.npz", sets),
+                             dir.path(), 150);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  for (int rank : {0, 1})
+    for (const auto& e : read_json_lines(single_run(runs) + "/events-rank" + std::to_string(rank) + ".jsonl"))
+      if (e["event"] == "end") {
+        const double rss = e["peak_rss_mb"];
+        std::printf("rank %d: peak RSS %.0f MiB with a %.2f GiB x.npy\n", rank, rss,
+                    double(fs::file_size(dir.path() + "/a/big/x.npy")) / (1 << 30));
+        EXPECT_LT(rss, 400.0) << "rank " << rank;
+      }
+}
+
+TEST(Arrays, DamagedArraysAreRefusedNamingTheFileAndWhatWasFound) {
+  TempDir dir;
+  ASSERT_EQ(python("bad " + dir.path()), 0);
+  ASSERT_EQ(python("good " + dir.path()), 0);
+  const std::string test = dir.path() + "/regress/test";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"big_endian", "big_endian/x.npy: dtype '>f4' is big-endian"},
+      {"fortran", "fortran/x.npy: the array is in Fortran order"},
+      {"objects", "objects/y.npy: dtype '|O' is not supported"},
+      {"mismatch", "has 16 rows but"},
+      {"truncated", "truncated/x.npy: the header promises 50176 bytes"},
+      {"wrong_keys.npz", "wrong_keys.npz has no array 'x' (it holds: images, labels)"}};
+  for (const auto& [name, needle] : cases) {
+    const std::string runs = dir.path() + "/runs-" + name;
+    auto result = run_lockstep(arrays_run(runs, dir.path() + "/" + name, test, {"job.steps=1"}), dir.path(), 60);
+    EXPECT_EQ(result.exit_code, 2) << name << "\n" << result.output;
+    EXPECT_NE(result.output.find(needle), std::string::npos) << name << ": no '" << needle << "' in\n"
+                                                              << result.output;
+    EXPECT_FALSE(fs::exists(runs)) << name << ": a run folder was created";
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::testing
