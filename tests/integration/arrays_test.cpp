@@ -108,6 +108,36 @@ TEST(Arrays, ATwoGibibyteNpyKeepsEachRanksResidentSetSmall) {
       }
 }
 
+// 1,001 test samples: no world size from 2 to 4 divides them. Each sample
+// is evaluated exactly once (no padding by repetition), so the figures are
+// the same whatever the world size; the global batch (24) is the same too.
+TEST(Arrays, EvaluationCountsEveryTestSampleOnceWhateverTheWorldSize) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist")) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir dir;
+  ASSERT_EQ(python("good " + dir.path() + "/a"), 0);
+  std::vector<double> accuracy, loss;
+  for (int world : {1, 2, 3, 4}) {
+    const std::string runs = dir.path() + "/runs-" + std::to_string(world);
+    auto args = arrays_run(runs, dir.path() + "/a/fmnist.npz", dir.path() + "/a/fmnist-1001.npz",
+                           {"model.name=mlp", "data.scale=0.00392156862745098", "job.steps=3",
+                            "data.batch_size=" + std::to_string(24 / world)});
+    args[3] = std::to_string(world);  // --nproc
+    auto result = run_lockstep(args, dir.path(), 120);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    auto metrics = read_json(single_run(runs) + "/manifest.json")["metrics"];
+    EXPECT_EQ(metrics["test_samples"], 1001) << world << " ranks";
+    EXPECT_EQ(metrics["test_metrics"]["targets"], 1001) << world << " ranks";
+    accuracy.push_back(metrics["test_accuracy"]);
+    loss.push_back(metrics["test_loss"]);
+    std::printf("%d ranks: test accuracy %.6f, loss %.6f over 1001 samples\n", world, accuracy.back(),
+                loss.back());
+  }
+  for (size_t i = 1; i < accuracy.size(); ++i) {
+    EXPECT_EQ(accuracy[i], accuracy[0]) << (i + 1) << " ranks";
+    EXPECT_NEAR(loss[i], loss[0], 1e-5) << (i + 1) << " ranks";
+  }
+}
+
 TEST(Arrays, DamagedArraysAreRefusedNamingTheFileAndWhatWasFound) {
   TempDir dir;
   ASSERT_EQ(python("bad " + dir.path()), 0);

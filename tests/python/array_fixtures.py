@@ -3,7 +3,7 @@
 
   good DIR   DIR/fmnist.npz (numpy.savez: uint8 images [N, 1, 28, 28] and
              int64 labels, from Debian's Fashion-MNIST, via
-             python/lockstep_model.export_arrays), DIR/fmnist-test.npz,
+             python/lockstep_model.export_arrays), DIR/fmnist-test.npz, DIR/fmnist-1001.npz (1,001 test rows),
              DIR/fmnist-deflated.npz (savez_compressed), DIR/regress/{train,test}
              (x.npy float32 [N, 8], y.npy float32 [N, 4] with NaN)
   bad DIR    one damaged file or folder per kind (see BAD)
@@ -34,6 +34,7 @@ def good(out):
     labels = idx("train-labels-idx1-ubyte.gz", 8).astype(np.int64)
     lockstep_model.export_arrays(images[:6000], labels[:6000], os.path.join(out, "fmnist.npz"))
     lockstep_model.export_arrays(images[6000:7000], labels[6000:7000], os.path.join(out, "fmnist-test.npz"))
+    lockstep_model.export_arrays(images[7000:8001], labels[7000:8001], os.path.join(out, "fmnist-1001.npz"))
     lockstep_model.export_arrays(images[:6000], labels[:6000], os.path.join(out, "fmnist-deflated.npz"),
                                  compressed=True)
     rng = np.random.default_rng(1)
