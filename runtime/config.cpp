@@ -66,6 +66,7 @@ const std::vector<KeySpec>& schema() {
       {"data.path", Kind::kString, LOCKSTEP_FIELD(data.path)},
       {"data.train", Kind::kString, LOCKSTEP_FIELD(data.train), -kInf, kInf, false, {}, true},
       {"data.test", Kind::kString, LOCKSTEP_FIELD(data.test), -kInf, kInf, false, {}, true},
+      {"data.validation", Kind::kString, LOCKSTEP_FIELD(data.validation), -kInf, kInf, false, {}, true},
       {"data.inputs_key", Kind::kString, LOCKSTEP_FIELD(data.inputs_key)},
       {"data.targets_key", Kind::kString, LOCKSTEP_FIELD(data.targets_key)},
       {"data.scale", Kind::kFloat, LOCKSTEP_FIELD(data.scale), 0, 1e12, true},

@@ -49,6 +49,10 @@ struct DataSection {
   std::string path = "/usr/share/datasets/fashion-mnist";
   std::string train;                     // arrays: an .npz, or a folder holding x.npy and y.npy
   std::string test;                      // arrays: the same for the test set
+  // Held out from training and evaluated every eval.every steps (the test
+  // set at the end): "" = none, a fraction ("0.1": a split seeded by
+  // job.seed), or an .npz / folder like data.test (arrays).
+  std::string validation;
   std::string inputs_key = "x";          // arrays: the inputs' name in the .npz / folder
   std::string targets_key = "y";         // arrays: the targets' name
   double scale = 1.0;                    // arrays: inputs are multiplied by it (1/255 for uint8 images)

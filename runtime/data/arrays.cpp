@@ -75,9 +75,16 @@ Dataset to_dataset(const DataSection& data, Pair pair) {
 
 }  // namespace
 
+Dataset load_arrays_file(const DataSection& data, const std::string& path, const std::string& key) {
+  return to_dataset(data, read_pair(data, path, key));
+}
+
 std::vector<std::string> array_files(const DataSection& data) {
   std::vector<std::string> files;
-  for (const std::string& path : {data.train, data.test}) {
+  std::vector<std::string> paths = {data.train, data.test};
+  if (!data.validation.empty() && data.validation.find_first_not_of("0123456789.eE+-") != std::string::npos)
+    paths.push_back(data.validation);
+  for (const std::string& path : paths) {
     if (is_folder(path)) {
       files.push_back(path + "/" + data.inputs_key + ".npy");
       files.push_back(path + "/" + data.targets_key + ".npy");

@@ -18,6 +18,9 @@ namespace lockstep {
 // Throws InputError naming the file, the array and what was found.
 TrainTestData load_arrays(const DataSection& data);
 
+// One set from an .npz or folder (`key` names the setting, for messages).
+Dataset load_arrays_file(const DataSection& data, const std::string& path, const std::string& key);
+
 // The files data.train and data.test name (the .npz, or the two .npy).
 std::vector<std::string> array_files(const DataSection& data);
 

@@ -1,14 +1,17 @@
 #include "runtime/data/dataset.h"
 
 #include <sys/stat.h>
+#include <algorithm>
 #include <zlib.h>
 
 #include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "runtime/errors.h"
 #include "runtime/data/arrays.h"
 #include "runtime/data/npy.h"
+#include "runtime/data/sampler.h"
 
 namespace lockstep {
 namespace {
@@ -135,7 +138,9 @@ TrainTestData load_fashion_mnist(const std::string& dir) {
     set.targets = raw_labels.to(torch::kInt64);
     return set;
   };
-  TrainTestData data{load("train"), load("t10k"), ""};
+  TrainTestData data;
+  data.train = load("train");
+  data.test = load("t10k");
   data.description = "fashion-mnist from " + dir + " (" + std::to_string(data.train.size()) +
                      " train, " + std::to_string(data.test.size()) + " test)";
   for (const char* name : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -154,7 +159,9 @@ TrainTestData make_synthetic(int64_t train_samples, uint64_t seed, double missin
     set.targets = set.inputs.reshape({n, 28 * 28}).matmul(teacher).argmax(1);
     return set;
   };
-  TrainTestData data{make(train_samples), make(test_samples), ""};
+  TrainTestData data;
+  data.train = make(train_samples);
+  data.test = make(test_samples);
   if (missing_share > 0) {
     auto drop = at::empty({train_samples}).uniform_(0.0, 1.0, generator) < missing_share;
     data.train.targets.masked_fill_(drop, -1);
@@ -201,14 +208,67 @@ at::Tensor InputTransform::apply(const at::Tensor& rows) const {
 }
 
 at::Tensor Dataset::input_rows(const at::Tensor& rows) const {
-  return transform.apply(reader ? reader->read(rows) : inputs.index_select(0, rows));
+  const at::Tensor stored = row_map.defined() ? row_map.index_select(0, rows) : rows;
+  return transform.apply(reader ? reader->read(stored) : inputs.index_select(0, stored));
+}
+
+void split_validation(const DataSection& section, uint64_t seed, TrainTestData& data) {
+  if (section.validation.empty()) return;
+  size_t used = 0;
+  double fraction = -1;
+  try {
+    fraction = std::stod(section.validation, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != section.validation.size()) {
+    if (section.name != "arrays")
+      throw InputError("data.validation = " + section.validation + ": a file or folder works with "
+                       "data.name = arrays only; give a fraction such as 0.1");
+    data.validation = load_arrays_file(section, section.validation, "data.validation");
+    spdlog::info("Decision: validation = {} ({} samples; evaluated every eval.every steps, the test "
+                 "set at the end)", section.validation, data.validation.size());
+    return;
+  }
+  if (!(fraction > 0 && fraction < 1))
+    throw InputError("data.validation = " + section.validation + ": a fraction between 0 and 1 "
+                     "(exclusive), or a file or folder (arrays)");
+  const int64_t total = data.train.size();
+  const int64_t held = int64_t(std::llround(fraction * double(total)));
+  if (held < 1 || held >= total)
+    throw InputError("data.validation = " + section.validation + " of " + std::to_string(total) +
+                     " training samples holds out " + std::to_string(held) + "; at least 1 and fewer "
+                     "than all are needed");
+  const std::vector<int64_t> order = DistributedSampler::permutation(total, seed ^ 0x7a11da7eULL, 0);
+  auto pick = [&](int64_t from, int64_t count) {
+    std::vector<int64_t> rows(order.begin() + from, order.begin() + from + count);
+    std::sort(rows.begin(), rows.end());  // file order: reads stay near each other
+    at::Tensor index = torch::tensor(rows, torch::kLong);
+    Dataset part = data.train;
+    part.targets = data.train.targets.index_select(0, index);
+    part.row_map = data.train.row_map.defined() ? data.train.row_map.index_select(0, index) : index;
+    return part;
+  };
+  Dataset train = pick(held, total - held);
+  data.validation = pick(0, held);
+  data.train = std::move(train);
+  spdlog::info("Decision: validation = {} of the training set ({} of {} samples, a split seeded by "
+               "job.seed, the same on every rank; evaluated every eval.every steps, the test set at "
+               "the end)", section.validation, held, total);
+  data.description += "; validation " + std::to_string(held) + " held out of " + std::to_string(total);
 }
 
 TrainTestData load_data(const DataSection& data, uint64_t seed) {
-  if (data.name == "arrays") return load_arrays(data);
-  if (data.name == "synthetic")
-    return make_synthetic(data.synthetic_samples, seed, data.missing_targets);
-  return load_fashion_mnist(data.path);
+  if (data.name == "arrays") {
+    TrainTestData out = load_arrays(data);
+    split_validation(data, seed, out);
+    return out;
+  }
+  TrainTestData out = data.name == "synthetic"
+                          ? make_synthetic(data.synthetic_samples, seed, data.missing_targets)
+                          : load_fashion_mnist(data.path);
+  split_validation(data, seed, out);
+  return out;
 }
 
 }  // namespace lockstep

@@ -30,6 +30,7 @@ struct Dataset {
   std::shared_ptr<const RowReader> reader;
   at::Tensor targets;
   InputTransform transform;
+  at::Tensor row_map;  // defined: row i of this set is row row_map[i] of `inputs` (a split)
   int64_t size() const { return targets.size(0); }
   // Rows `rows` (int64 indices) as model inputs: gathered, then transformed.
   at::Tensor input_rows(const at::Tensor& rows) const;
@@ -38,6 +39,8 @@ struct Dataset {
 struct TrainTestData {
   Dataset train;
   Dataset test;
+  Dataset validation;             // empty (size 0) unless data.validation is set
+  bool has_validation() const { return validation.targets.defined() && validation.size() > 0; }
   std::string description;  // for the log and the manifest
   std::vector<std::string> files;  // what it was read from, for provenance (data/provenance.h)
 };
@@ -63,6 +66,11 @@ void check_data_files(const DataSection& data);
 // Thorough check, for a launcher before it starts anything: every IDX file
 // decompresses and has the size its header promises. Throws InputError.
 void validate_data_files(const DataSection& data);
+
+// Holds out data.validation: a fraction of `data.train` (a permutation
+// seeded by `seed`, the same on every rank) or a set of its own read by
+// `read` (arrays). Logged as a decision.
+void split_validation(const DataSection& section, uint64_t seed, TrainTestData& data);
 
 // Loads what data.name asks for. Throws InputError naming data.path.
 TrainTestData load_data(const DataSection& data, uint64_t seed);

@@ -66,7 +66,8 @@ class StepLoop {
   // Scaler verdict, clipping, the optimizer step. False: no update (skipped).
   bool update(int64_t step, double global_valid);
   void log_step(int64_t step, double lr, double global_valid, double seconds);
-  void evaluate_now(int64_t step);
+  // The validation set when there is one, else the test set; `final`: the test set.
+  void evaluate_now(int64_t step, bool final = false);
   void start_audit(int64_t done);
   void finish_audit();
   void checkpoint_after(int64_t done, double lr);
@@ -334,20 +335,25 @@ void StepLoop::log_step(int64_t step, double lr, double global_valid, double sec
   }
 }
 
-void StepLoop::evaluate_now(int64_t step) {
+void StepLoop::evaluate_now(int64_t step, bool final) {
+  const bool validation = !final && parts_.data.has_validation();
+  EvalResult& figures = validation ? result_.last_validation : result_.last_eval;
   {
     auto scope = parts_.timer.measure(Phase::kEval);
-    result_.last_eval = buffers_->as_saved([&] {
-      return evaluate(model_, *objective_, parts_.data.test, parts_.rank, parts_.world_size,
-                      config_.eval.batch_size, parts_.data_group, parts_.precision);
+    figures = buffers_->as_saved([&] {
+      return evaluate(model_, *objective_, validation ? parts_.data.validation : parts_.data.test,
+                      parts_.rank, parts_.world_size, config_.eval.batch_size, parts_.data_group,
+                      parts_.precision);
     });
   }
-  parts_.events.write({{"event", "eval"}, {"step", step}, {"loss", result_.last_eval.loss},
-                       {"accuracy", result_.last_eval.accuracy},
-                       {"metrics", result_.last_eval.metrics}});
-  result_.eval_summary = describe_metrics(*objective_, result_.last_eval);
-  if (parts_.rank == 0 && step < steps_) spdlog::info("eval at step {}: {}", step, result_.eval_summary);
-  if (parts_.observer) parts_.observer->on_eval("step " + std::to_string(step) + ": " + result_.eval_summary);
+  const std::string split = validation ? "validation" : "test";
+  parts_.events.write({{"event", "eval"}, {"step", step}, {"split", split}, {"loss", figures.loss},
+                       {"accuracy", figures.accuracy}, {"metrics", figures.metrics}});
+  std::string summary = describe_metrics(*objective_, figures);
+  if (validation) summary.replace(0, 4, "validation");  // "test loss ..." -> "validation loss ..."
+  else result_.eval_summary = summary;
+  if (parts_.rank == 0 && !final) spdlog::info("eval at step {}: {}", step, summary);
+  if (parts_.observer) parts_.observer->on_eval("step " + std::to_string(step) + ": " + summary);
 }
 
 // Audits: digests after optimizer step s, their all-gather overlapping
@@ -441,7 +447,7 @@ TrainingResult StepLoop::finish() {
                      step_times_.end());
     result_.step_s_median = step_times_[step_times_.size() / 2];
   }
-  evaluate_now(steps_);
+  evaluate_now(steps_, /*final=*/true);
   return result_;
 }
 
@@ -472,6 +478,9 @@ nlohmann::json TrainingResult::to_json() const {
           {"test_accuracy", last_eval.accuracy},
           {"test_metrics", last_eval.metrics},
           {"test_samples", last_eval.samples},
+          {"validation_loss", last_validation.loss},
+          {"validation_metrics", last_validation.metrics},
+          {"validation_samples", last_validation.samples},
           {"masked_targets", masked_targets},
           {"skipped_steps", skipped_steps},
           {"clipped_steps", clipped_steps},

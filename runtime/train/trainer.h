@@ -50,7 +50,8 @@ struct TrainingResult {
   int64_t steps = 0;             // optimizer steps taken or skipped
   int64_t samples = 0;           // valid samples seen, all ranks
   double final_loss = 0.0;       // this rank's last logged mean training loss
-  EvalResult last_eval;
+  EvalResult last_eval;          // the test set, at the end
+  EvalResult last_validation;    // data.validation, the latest (samples 0: none)
   int64_t masked_targets = 0;    // this rank's samples without a target
   int64_t skipped_steps = 0;     // steps whose global batch had no valid target
   int64_t clipped_steps = 0;

@@ -138,6 +138,35 @@ TEST(Arrays, EvaluationCountsEveryTestSampleOnceWhateverTheWorldSize) {
   }
 }
 
+// data.validation: a seeded fraction of the training set, or a file of its
+// own, evaluated every eval.every steps; the test set at the end.
+TEST(Arrays, AValidationSetIsHeldOutAndEvaluatedDuringTrainingTheTestSetAtTheEnd) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist")) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir dir;
+  ASSERT_EQ(python("good " + dir.path() + "/a"), 0);
+  for (const std::string& validation : std::vector<std::string>{"0.1", dir.path() + "/a/fmnist-1001.npz"}) {
+    const std::string runs = dir.path() + "/runs-" + std::to_string(validation.size());
+    auto sets = kImageSets;
+    sets.push_back("data.validation=" + validation);
+    sets.push_back("eval.every=50");
+    auto result = run_lockstep(arrays_run(runs, dir.path() + "/a/fmnist.npz", dir.path() + "/a/fmnist-test.npz",
+                                          sets), dir.path(), 120);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_NE(result.output.find("Decision: validation = " + validation), std::string::npos) << result.output;
+    std::vector<std::string> splits;
+    for (const auto& e : read_json_lines(single_run(runs) + "/events-rank0.jsonl"))
+      if (e["event"] == "eval") splits.push_back(e.value("split", "?") + "@" + std::to_string(e["step"].get<int64_t>()));
+    EXPECT_EQ(splits, (std::vector<std::string>{"validation@50", "validation@100", "test@150"})) << validation;
+    auto manifest = read_json(single_run(runs) + "/manifest.json");
+    const int64_t held = validation == "0.1" ? 600 : 1001;
+    EXPECT_EQ(manifest["metrics"]["validation_samples"], held) << validation;
+    EXPECT_EQ(manifest["metrics"]["test_samples"], 1000) << validation;
+    EXPECT_GT(manifest["metrics"]["validation_metrics"]["accuracy"].get<double>(), 0.6) << validation;
+    if (validation == "0.1")  // 5,400 left to train on
+      EXPECT_NE(result.output.find("validation 600 held out of 6000"), std::string::npos) << result.output;
+  }
+}
+
 TEST(Arrays, DamagedArraysAreRefusedNamingTheFileAndWhatWasFound) {
   TempDir dir;
   ASSERT_EQ(python("bad " + dir.path()), 0);
