@@ -67,6 +67,7 @@ const std::vector<KeySpec>& schema() {
       {"data.train", Kind::kString, LOCKSTEP_FIELD(data.train), -kInf, kInf, false, {}, true},
       {"data.test", Kind::kString, LOCKSTEP_FIELD(data.test), -kInf, kInf, false, {}, true},
       {"data.validation", Kind::kString, LOCKSTEP_FIELD(data.validation), -kInf, kInf, false, {}, true},
+      {"data.augment", Kind::kString, LOCKSTEP_FIELD(data.augment), -kInf, kInf, false, {}, true},
       {"data.inputs_key", Kind::kString, LOCKSTEP_FIELD(data.inputs_key)},
       {"data.targets_key", Kind::kString, LOCKSTEP_FIELD(data.targets_key)},
       {"data.scale", Kind::kFloat, LOCKSTEP_FIELD(data.scale), 0, 1e12, true},
@@ -289,7 +290,8 @@ Value from_toml(const std::string& where, const KeySpec& spec, const toml::node&
       break;
     case Kind::kString:
       if (auto v = node.value_exact<std::string>()) return *v;
-      if (const toml::array* items = node.as_array(); items && spec.key == "precision.fp32_modules") {
+      if (const toml::array* items = node.as_array();
+          items && (spec.key == "precision.fp32_modules" || spec.key == "data.augment")) {
         std::string joined;  // a list of names: ["fc", "head"] -> "fc,head"
         bool all_strings = true;
         for (const auto& item : *items) {

@@ -53,6 +53,9 @@ struct DataSection {
   // set at the end): "" = none, a fraction ("0.1": a split seeded by
   // job.seed), or an .npz / folder like data.test (arrays).
   std::string validation;
+  // Augmentation of training batches on each rank's own random stream:
+  // "random_crop:4, hflip" (or a TOML array); "" = none.
+  std::string augment;
   std::string inputs_key = "x";          // arrays: the inputs' name in the .npz / folder
   std::string targets_key = "y";         // arrays: the targets' name
   double scale = 1.0;                    // arrays: inputs are multiplied by it (1/255 for uint8 images)

@@ -15,6 +15,7 @@
 #include "lockstep/build_config.h"
 #include "runtime/comm/control_group.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/data/augment.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/provenance.h"
 #include "runtime/model/digest.h"
@@ -63,6 +64,7 @@ void check_injected_faults(const JobConfig& config, const ModelRegistry& registr
   model->set_fp32_modules(split_names(config.precision.fp32_modules));
   model->set_overflow_check(config.precision.check_overflow);
   make_objective(config.loss, *model);  // loss.name = model needs the model's loss method
+  parse_augment(config.data.augment);   // an unknown augmentation is bad input
   for (const auto& fault : parse_injected_faults(config.fault.inject)) {
     std::string names;
     bool found = false;
@@ -85,6 +87,7 @@ std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRe
   const int64_t rows = std::min<int64_t>(config.data.batch_size, data.train.size());
   const at::Tensor input = data.train.input_rows(torch::arange(rows, torch::kLong));
   const at::Tensor target = data.train.targets.narrow(0, 0, rows);
+  Augmenter(parse_augment(config.data.augment), 0).apply(input, 0);  // images only
   torch::NoGradGuard no_grad;
   model->train(false);  // BatchNorm's running statistics stay as loaded
   at::Tensor output;

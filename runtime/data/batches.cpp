@@ -2,13 +2,15 @@
 
 #include <torch/torch.h>
 
+#include "runtime/data/augment.h"
+
 
 namespace lockstep {
 
 BatchStream::BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed,
-                         int64_t batch_size, int prefetch, int64_t skip)
+                         int64_t batch_size, int prefetch, int64_t skip, const Augmenter* augmenter)
     : data_(data), sampler_(data.size(), rank, world_size, seed), batch_size_(batch_size),
-      prefetch_(prefetch) {
+      augmenter_(augmenter), next_index_(skip), prefetch_(prefetch) {
   start_epoch(skip / batches_per_epoch());
   position_ = (skip % batches_per_epoch()) * batch_size_;
   if (prefetch_ > 0) producer_ = std::thread([this] { produce(); });
@@ -69,7 +71,10 @@ Batch BatchStream::assemble() {
   int64_t count = std::min(batch_size_, order_.numel() - position_);
   at::Tensor rows = order_.narrow(0, position_, count);
   position_ += count;
-  return Batch{data_.input_rows(rows), data_.targets.index_select(0, rows), epoch_};
+  at::Tensor inputs = data_.input_rows(rows);
+  if (augmenter_ && augmenter_->active()) inputs = augmenter_->apply(inputs, next_index_);
+  ++next_index_;
+  return Batch{inputs, data_.targets.index_select(0, rows), epoch_};
 }
 
 }  // namespace lockstep

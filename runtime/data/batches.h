@@ -24,11 +24,13 @@ struct Batch {
   int64_t epoch = 0;
 };
 
+class Augmenter;
 class BatchStream {
  public:
   // `skip` batches are passed over first (resuming where a checkpoint left).
+  // `augmenter` (may be null) changes each batch's inputs by its index in this stream.
   BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed, int64_t batch_size,
-              int prefetch = 0, int64_t skip = 0);
+              int prefetch = 0, int64_t skip = 0, const Augmenter* augmenter = nullptr);
   ~BatchStream();
   BatchStream(const BatchStream&) = delete;
   BatchStream& operator=(const BatchStream&) = delete;
@@ -49,6 +51,8 @@ class BatchStream {
   int64_t epoch_ = -1;
   at::Tensor order_;     // this epoch's indices
   int64_t position_ = 0;
+  const Augmenter* augmenter_ = nullptr;
+  int64_t next_index_ = 0;  // of the next batch assembled, in this rank's stream
 
   const int prefetch_;
   std::mutex mutex_;

@@ -13,6 +13,7 @@
 #include "optim/optimizer.h"
 #include "runtime/train/buffer_policy.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/data/augment.h"
 #include "runtime/errors.h"
 #include "runtime/train/fault_hooks.h"
 #include "runtime/generation.h"
@@ -84,6 +85,7 @@ class StepLoop {
   std::unique_ptr<optim::Optimizer> optimizer_;
   CheckpointStore checkpoints_;
   int64_t first_step_ = 0, microbatches_done_ = 0, last_epoch_ = 0;
+  std::optional<Augmenter> augmenter_;  // before batches_: the stream uses it
   std::optional<BatchStream> batches_;
   int64_t steps_ = 0;
   optim::ScheduleSpec schedule_;
@@ -130,8 +132,22 @@ StepLoop::StepLoop(TrainerParts& parts)
     parts_.events.write({{"event", "resumed"}, {"step", first_step_}, {"folder", parts_.resume->folder}});
   }
   if (parts_.steps_done) *parts_.steps_done = first_step_;
+  const uint64_t rank_seed = uint64_t(config.job.seed) + (config.test.no_reseed ? 0 : uint64_t(parts_.rank));
+  augmenter_.emplace(parse_augment(config.data.augment), rank_seed);
+  if (augmenter_->active()) {
+    const at::Tensor sample = parts_.data.train.input_rows(torch::zeros({1}, torch::kLong));
+    const uint64_t first = augmenter_->draws_hash(microbatches_done_, config.data.batch_size,
+                                                  sample.size(-2), sample.size(-1));
+    parts_.decisions.record("augment", config.data.augment,
+                            "drawn from this rank's stream (training seed " + std::to_string(rank_seed) +
+                                " and the batch's index): different on every rank, the same in a "
+                                "rerun and after a resume");
+    parts_.events.write({{"event", "augment"}, {"steps", config.data.augment},
+                         {"batch_index", microbatches_done_},
+                         {"draws_hash", fmt::format("{:016x}", first)}});
+  }
   batches_.emplace(parts_.data.train, parts_.rank, parts_.world_size, uint64_t(config.job.seed),
-                   config.data.batch_size, int(config.data.prefetch), microbatches_done_);
+                   config.data.batch_size, int(config.data.prefetch), microbatches_done_, &*augmenter_);
   steps_ = total_steps(config, batches_->batches_per_epoch());
   if (parts_.resume && first_step_ > steps_)
     throw InputError("the checkpoint to resume is at step " + std::to_string(first_step_) + ", past the " +

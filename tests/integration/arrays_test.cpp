@@ -167,6 +167,54 @@ TEST(Arrays, AValidationSetIsHeldOutAndEvaluatedDuringTrainingTheTestSetAtTheEnd
   }
 }
 
+// data.augment draws from each rank's own stream: the draws differ across
+// ranks, repeat in a rerun, and a kill-and-resume ends where an
+// uninterrupted run ends.
+TEST(Arrays, AugmentationDiffersAcrossRanksRepeatsInARerunAndSurvivesAResume) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist")) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir dir;
+  ASSERT_EQ(python("good " + dir.path() + "/a"), 0);
+  auto run = [&](const std::string& name, int steps) {
+    const std::string runs = dir.path() + "/" + name;
+    auto sets = kImageSets;
+    sets.back() = "job.steps=" + std::to_string(steps);
+    sets.push_back("data.augment=random_crop:4,hflip");
+    sets.push_back("checkpoint.every=10");
+    auto result = run_lockstep(arrays_run(runs, dir.path() + "/a/fmnist.npz", dir.path() + "/a/fmnist-test.npz",
+                                          sets), dir.path(), 120);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    std::vector<std::string> draws;
+    for (int rank : {0, 1})
+      for (const auto& e : read_json_lines(single_run(runs) + "/events-rank" + std::to_string(rank) + ".jsonl"))
+        if (e["event"] == "augment") draws.push_back(e["draws_hash"]);
+    return std::make_pair(single_run(runs), draws);
+  };
+  auto [first, first_draws] = run("first", 20);
+  auto [again, again_draws] = run("again", 20);
+  ASSERT_EQ(first_draws.size(), 2u);
+  EXPECT_NE(first_draws[0], first_draws[1]) << "both ranks drew the same crops and flips";
+  EXPECT_EQ(first_draws, again_draws) << "a rerun with the same seed drew differently";
+  const std::string digest = read_json(first + "/manifest.json")["metrics"]["final_param_digest"];
+  EXPECT_EQ(read_json(again + "/manifest.json")["metrics"]["final_param_digest"], digest);
+  auto [cut, cut_draws] = run("cut", 10);
+  auto resumed = run_lockstep({"run", examples_dir() + "/synthetic.toml", "--resume", cut, "--set", "job.steps=20"},
+                              dir.path(), 120);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(read_json(cut + "/manifest.json")["metrics"]["final_param_digest"], digest)
+      << "the resumed run's augmentation did not continue where the checkpoint left it";
+  // Bad input: not images, an unknown step.
+  for (const auto& [augment, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"hflip", "data.augment needs image inputs"}, {"rotate:10", "data.augment item 'rotate:10'"}}) {
+    const std::string runs = dir.path() + "/bad";
+    auto bad = run_lockstep(arrays_run(runs, dir.path() + "/a/regress/train", dir.path() + "/a/regress/test",
+                                       {"data.augment=" + augment, "job.steps=1", "model.name=mlp"}),
+                            dir.path(), 60);
+    EXPECT_EQ(bad.exit_code, 2) << bad.output;
+    EXPECT_NE(bad.output.find(needle), std::string::npos) << bad.output;
+    EXPECT_FALSE(fs::exists(runs));
+  }
+}
+
 TEST(Arrays, DamagedArraysAreRefusedNamingTheFileAndWhatWasFound) {
   TempDir dir;
   ASSERT_EQ(python("bad " + dir.path()), 0);
