@@ -43,10 +43,9 @@ std::string random_hex(int bytes) {
   return text;
 }
 
-std::string utc_timestamp() {
-  std::time_t now = std::time(nullptr);
+std::string utc_timestamp(std::time_t when) {
   std::tm utc{};
-  gmtime_r(&now, &utc);
+  gmtime_r(&when, &utc);
   char text[32];
   std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
   return text;

@@ -3,6 +3,7 @@
 // at start and end) and one events-rank<N>.jsonl per rank (appended, one
 // JSON object per line, flushed per line).
 #include <cstdio>
+#include <ctime>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -16,7 +17,7 @@ std::string new_run_id(const std::string& job_name);
 std::string random_hex(int bytes);
 
 // Now, as ISO 8601 in UTC: "2026-12-02T14:07:08Z".
-std::string utc_timestamp();
+std::string utc_timestamp(std::time_t when = std::time(nullptr));
 
 // Writes `contents` to `path` via a temporary file, fsync and rename, so a
 // reader sees the old file or the new one, never half of one.

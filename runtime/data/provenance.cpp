@@ -43,15 +43,6 @@ std::string file_digest(const std::string& path) {
   return failed ? "" : fmt::format("{:016x}", hash);
 }
 
-std::string utc(int64_t seconds) {
-  std::time_t t = std::time_t(seconds);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
-
 }  // namespace
 
 nlohmann::json data_provenance(const std::vector<std::string>& files) {
@@ -76,7 +67,7 @@ nlohmann::json data_provenance(const std::vector<std::string>& files) {
     if (::stat(path.c_str(), &info) != 0) continue;
     const int64_t mtime_ns = int64_t(info.st_mtim.tv_sec) * 1000000000 + info.st_mtim.tv_nsec;
     nlohmann::json entry = {{"path", path}, {"bytes", int64_t(info.st_size)},
-                            {"modified", utc(info.st_mtim.tv_sec)}};
+                            {"modified", utc_timestamp(info.st_mtim.tv_sec)}};
     const auto& known = cache.contains(path) ? cache[path] : nlohmann::json();
     if (known.is_object() && known.value("bytes", int64_t(-1)) == int64_t(info.st_size) &&
         known.value("mtime_ns", int64_t(-1)) == mtime_ns && known.contains("xxh3") && known["xxh3"].is_string()) {
