@@ -230,22 +230,24 @@ TEST(ScriptedModel, TrainsUnderACoordinatorAndStatusShowsTheMetricsOfItsLoss) {
   const std::string fx = make_fixtures(dir);
   Cluster cluster(dir, {"model.name=torchscript", "model.path=" + fx + "/tied.pt", "data.name=arrays",
                         "data.train=" + fx + "/values/train", "data.test=" + fx + "/values/test",
-                        "loss.name=mse", "optim.lr=0.02", "data.batch_size=16", "job.steps=400",
+                        "loss.name=mse", "optim.lr=0.02", "data.batch_size=16", "job.steps=4000",
                         "eval.every=20", "fault.heartbeat_s=0.1", "fault.heartbeat_timeout_s=5"});
   cluster.add_worker();
   cluster.add_worker();
-  std::string last_eval;
+  // Both views while the job runs (it trains 4,000 steps; the first
+  // evaluation comes at step 20): the reply's field and the table a person reads.
+  std::string last_eval, table;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (std::chrono::steady_clock::now() < deadline && last_eval.empty()) {
+  while (std::chrono::steady_clock::now() < deadline &&
+         (last_eval.empty() || table.find("last eval: step") == std::string::npos)) {
     v1::StatusReply reply;
     if (cluster.client().status(&reply, std::chrono::seconds(5)).ok()) last_eval = reply.last_eval();
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    table = run_lockstep({"status", "--coordinator", cluster.address()}, dir.path(), 15,
+                         {"LOCKSTEP_TOKEN=" + kToken}).output;
   }
   EXPECT_NE(last_eval.find("(mse)"), std::string::npos) << last_eval;
   EXPECT_NE(last_eval.find("mae"), std::string::npos) << last_eval;
-  auto table = run_lockstep({"status", "--coordinator", cluster.address()}, dir.path(), 15,
-                            {"LOCKSTEP_TOKEN=" + kToken});
-  EXPECT_NE(table.output.find("last eval: step"), std::string::npos) << table.output;
+  EXPECT_NE(table.find("last eval: step"), std::string::npos) << table;
   for (auto& worker : cluster.workers) EXPECT_EQ(worker->wait(120), 0) << worker->output();
   EXPECT_EQ(cluster.coordinator->wait(30), 0) << cluster.coordinator->output();
   auto metrics = read_json(single_run(dir.path() + "/runs") + "/manifest.json")["metrics"];
