@@ -59,16 +59,18 @@ void warn_test_switches(const JobConfig& config, DecisionLog& log) {
 
 }  // namespace
 
-void check_injected_faults(const JobConfig& config, const ModelRegistry& registry) {
-  auto model = registry.build(config.model);  // throws InputError for an unknown name
-  model->set_fp32_modules(split_names(config.precision.fp32_modules));
-  model->set_overflow_check(config.precision.check_overflow);
-  make_objective(config.loss, *model);  // loss.name = model needs the model's loss method
+namespace {
+
+// The settings that name parts of the model, checked against `model`.
+void check_model_settings(const JobConfig& config, Model& model) {
+  model.set_fp32_modules(split_names(config.precision.fp32_modules));
+  model.set_overflow_check(config.precision.check_overflow);
+  make_objective(config.loss, model);  // loss.name = model needs the model's loss method
   parse_augment(config.data.augment);   // an unknown augmentation is bad input
   for (const auto& fault : parse_injected_faults(config.fault.inject)) {
     std::string names;
     bool found = false;
-    for (const auto& [name, tensor] : model->parameters()) {
+    for (const auto& [name, tensor] : model.parameters()) {
       found |= name == fault.tensor;
       names += (names.empty() ? "" : ", ") + name;
     }
@@ -78,11 +80,16 @@ void check_injected_faults(const JobConfig& config, const ModelRegistry& registr
   }
 }
 
+}  // namespace
+
+void check_injected_faults(const JobConfig& config, const ModelRegistry& registry) {
+  check_model_settings(config, *registry.build(config.model));  // an unknown name: InputError
+}
+
 std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRegistry& registry,
                                           const TrainTestData& data) {
   auto model = registry.build(config.model);
-  model->set_fp32_modules(split_names(config.precision.fp32_modules));
-  model->set_overflow_check(config.precision.check_overflow);
+  check_model_settings(config, *model);
   auto objective = make_objective(config.loss, *model);
   const int64_t rows = std::min<int64_t>(config.data.batch_size, data.train.size());
   const at::Tensor input = data.train.input_rows(torch::arange(rows, torch::kLong));
@@ -163,9 +170,9 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   warn_test_switches(config, decisions);
 
   // Input checks first: nothing is created until the input is known good.
-  check_injected_faults(config, registry);  // also: an unknown model.name is an InputError
   TrainTestData data = load_data(config.data, uint64_t(config.job.seed));
   spdlog::info("data: {}", data.description);
+  // Also the settings that name parts of the model (fault.inject, ...), and an unknown model.name.
   const std::vector<Decision> model_decisions = check_model_on_data(config, registry, data);
 
   RendezvousResult place = rendezvous.join(to_ms(config.comm.rendezvous_timeout_s));
