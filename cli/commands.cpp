@@ -525,7 +525,8 @@ nlohmann::json status_json(const v1::StatusReply& reply) {
           {"world_size", reply.world_size()}, {"joined", reply.joined()},
           {"generation", int64_t(reply.generation())}, {"restarts", reply.restarts()},
           {"max_restarts", reply.max_restarts()}, {"failure", reply.failure()},
-          {"last_audit", reply.last_audit()}, {"last_eval", reply.last_eval()}, {"ranks", ranks}};
+          {"last_audit", reply.last_audit()}, {"last_eval", reply.last_eval()},
+          {"bad_files_skipped", reply.bad_files_skipped()}, {"ranks", ranks}};
 }
 
 int status_command(const ConnectionFlags& connection, bool json) {
@@ -547,6 +548,9 @@ int status_command(const ConnectionFlags& connection, bool json) {
               reply.failure().c_str());
   if (!reply.last_audit().empty()) std::printf("last audit: %s\n", reply.last_audit().c_str());
   if (!reply.last_eval().empty()) std::printf("last eval: %s\n", reply.last_eval().c_str());
+  if (reply.bad_files_skipped() > 0)
+    std::printf("bad files skipped: %lld (data.bad_files = skip; listed in the run's manifest.json)\n",
+                static_cast<long long>(reply.bad_files_skipped()));
   std::printf("%4s  %-20s %8s %8s %9s %10s %8s  %s\n", "rank", "host", "pid", "step", "loss",
               "samples/s", "hb age", "state");
   for (const auto& r : reply.ranks())

@@ -306,6 +306,8 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
   w->phase = request.phase();
   w->audit = request.audit();
   if (!request.eval().empty()) last_eval_ = request.eval().substr(0, 1000);
+  files_skipped_before_training_ = std::max(files_skipped_before_training_, request.files_skipped_before_training());
+  w->files_skipped_in_batches = request.files_skipped_in_batches();
   record_audits_locked(request.rank(), audits);
   if (state_ == State::kFailed) {
     reply->set_command(v1::HeartbeatReply::ABORT);
@@ -571,6 +573,9 @@ void JobState::status(v1::StatusReply* reply) const {
   reply->set_joined(int(workers_.size()));
   reply->set_last_audit(last_audit_);
   reply->set_last_eval(last_eval_);
+  int64_t skipped = files_skipped_before_training_;
+  for (const auto& w : workers_) skipped += w.files_skipped_in_batches;
+  reply->set_bad_files_skipped(skipped);
   reply->set_restarts(int(restarts_.size()));
   reply->set_max_restarts(options_.max_restarts);
   std::vector<const Worker*> by_rank;

@@ -140,6 +140,7 @@ class JobState {
     double samples_per_s = 0;
     std::string phase;
     std::string audit;
+    int64_t files_skipped_in_batches = 0;  // data.bad_files = skip, this rank
     bool told_to_abort = false;
     std::string error;
     nlohmann::json metrics;
@@ -180,6 +181,7 @@ class JobState {
   std::set<int64_t> audited_steps_;     // guarded by mutex_
   std::string last_audit_;              // guarded by mutex_
   std::string last_eval_;               // guarded by mutex_
+  int64_t files_skipped_before_training_ = 0;  // guarded by mutex_; the same on every rank
   int64_t first_drift_step_ = -1;       // the first audit that found the ranks apart; guarded by mutex_
   int64_t drifted_audits_ = 0;          // guarded by mutex_
   int64_t audits_ = 0;                  // audited steps heard of; guarded by mutex_

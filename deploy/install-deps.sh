@@ -9,11 +9,11 @@ packages=(
   libopenblas0-pthread
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev
+  libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev libpng-dev libjpeg-dev
   dataset-fashion-mnist openssl
   iproute2 util-linux
   slurmd slurmctld slurm-client munge python3-yaml
-  python3-torch python3-numpy python3-torchvision
+  python3-torch python3-numpy python3-torchvision python3-pil
 )
 
 missing=()

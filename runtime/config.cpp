@@ -62,7 +62,7 @@ const std::vector<KeySpec>& schema() {
        {"cross_entropy", "mse", "l1", "bce_with_logits", "model"}},
       {"loss.label_smoothing", Kind::kFloat, LOCKSTEP_FIELD(loss.label_smoothing), 0, 0.999},
       {"data.name", Kind::kString, LOCKSTEP_FIELD(data.name), -kInf, kInf, false,
-       {"fashion-mnist", "synthetic", "arrays"}},
+       {"fashion-mnist", "synthetic", "arrays", "images"}},
       {"data.path", Kind::kString, LOCKSTEP_FIELD(data.path)},
       {"data.train", Kind::kString, LOCKSTEP_FIELD(data.train), -kInf, kInf, false, {}, true},
       {"data.test", Kind::kString, LOCKSTEP_FIELD(data.test), -kInf, kInf, false, {}, true},
@@ -73,6 +73,10 @@ const std::vector<KeySpec>& schema() {
       {"data.scale", Kind::kFloat, LOCKSTEP_FIELD(data.scale), 0, 1e12, true},
       {"data.mean", Kind::kString, LOCKSTEP_FIELD(data.mean), -kInf, kInf, false, {}, true},
       {"data.std", Kind::kString, LOCKSTEP_FIELD(data.std), -kInf, kInf, false, {}, true},
+      {"data.image_size", Kind::kString, LOCKSTEP_FIELD(data.image_size), -kInf, kInf, false, {}, true},
+      {"data.channels", Kind::kInt, LOCKSTEP_FIELD(data.channels), 0, 3},
+      {"data.workers", Kind::kInt, LOCKSTEP_FIELD(data.workers), 0, 256},
+      {"data.bad_files", Kind::kString, LOCKSTEP_FIELD(data.bad_files), -kInf, kInf, false, {"error", "skip"}},
       {"data.batch_size", Kind::kInt, LOCKSTEP_FIELD(data.batch_size), 1, 1 << 20},
       {"data.synthetic_samples", Kind::kInt, LOCKSTEP_FIELD(data.synthetic_samples), 1, 1e8},
       {"data.prefetch", Kind::kInt, LOCKSTEP_FIELD(data.prefetch), 0, 64},
@@ -435,13 +439,41 @@ void validate(const JobConfig& config) {
   if (config.loss.name == "model" && config.model.name != "torchscript")
     throw InputError("loss.name = model uses the TorchScript module's own loss(output, target) "
                      "method, so it needs model.name = torchscript (now " + config.model.name + ")");
+  const bool from_files = config.data.name == "arrays" || config.data.name == "images";
   if (config.data.name == "arrays" && (config.data.train.empty() || config.data.test.empty()))
     throw InputError("data.name = arrays needs data.train and data.test: .npz files written by "
                      "numpy.savez (arrays x and y), or folders holding x.npy (inputs) and y.npy (targets)");
-  if (config.data.name != "arrays" &&
-      (config.data.scale != 1.0 || !config.data.mean.empty() || !config.data.std.empty()))
-    throw InputError("keys 'data.scale', 'data.mean' and 'data.std' apply to data.name = arrays only "
-                     "(now " + config.data.name + ")");
+  if (config.data.name == "images" && (config.data.train.empty() || config.data.test.empty()))
+    throw InputError("data.name = images needs data.train and data.test: folders holding one "
+                     "sub-folder of .png / .jpg images per class (train/cat/1.png, train/dog/2.jpg, ...)");
+  if (!from_files && (config.data.scale != 1.0 || !config.data.mean.empty() || !config.data.std.empty()))
+    throw InputError("keys 'data.scale', 'data.mean' and 'data.std' apply to data.name = arrays or "
+                     "images only (now " + config.data.name + ")");
+  if (config.data.name != "images" &&
+      (!config.data.image_size.empty() || config.data.channels != 0 || config.data.workers != 0 ||
+       config.data.bad_files != "error"))
+    throw InputError("keys 'data.image_size', 'data.channels', 'data.workers' and 'data.bad_files' "
+                     "apply to data.name = images only (now " + config.data.name + ")");
+  if (config.data.channels == 2)
+    throw InputError("key 'data.channels' = 2: allowed are 1 (grey), 3 (RGB) or 0 (as the first "
+                     "training image)");
+  if (!config.data.image_size.empty()) {
+    const auto parts = split_names(config.data.image_size);
+    bool good = parts.size() == 1 || parts.size() == 2;
+    for (const auto& part : parts) {
+      size_t used = 0;
+      long value = 0;
+      try {
+        value = std::stol(part, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      good = good && used == part.size() && value >= 1 && value <= 16384;
+    }
+    if (!good)
+      throw InputError("key 'data.image_size' = '" + config.data.image_size + "': one size (\"32\": "
+                       "32 x 32) or height and width (\"64,48\"), each 1 to 16384 pixels");
+  }
   for (const char* key : {"data.mean", "data.std"}) {
     const std::string& text = std::string(key) == "data.mean" ? config.data.mean : config.data.std;
     for (const auto& item : split_names(text)) {
@@ -463,8 +495,8 @@ void validate(const JobConfig& config) {
     throw InputError("data.mean has " + std::to_string(split_names(config.data.mean).size()) +
                      " values and data.std " + std::to_string(split_names(config.data.std).size()) +
                      "; give one per channel for both");
-  if (config.data.name != "arrays" && (!config.data.train.empty() || !config.data.test.empty()))
-    throw InputError("keys 'data.train' and 'data.test' apply to data.name = arrays only (now " +
+  if (!from_files && (!config.data.train.empty() || !config.data.test.empty()))
+    throw InputError("keys 'data.train' and 'data.test' apply to data.name = arrays or images only (now " +
                      config.data.name + ")");
   if (config.data.name != "synthetic" && config.data.missing_targets > 0)
     throw InputError("key 'data.missing_targets' applies to data.name = synthetic only (now " +
@@ -540,6 +572,13 @@ JobConfig load_job_config(const std::string& path, const std::vector<std::string
   apply_table(config, table, "", path);
   apply_overrides(config, overrides);
   validate(config);
+  if (config.data.name == "images" && config.sources["data.scale"] == "default") {
+    config.data.scale = 1.0 / 255.0;
+    ConfigDecision d{"data.scale", "1/255", "data.name = images: 8-bit pixels become 0 to 1; set "
+                                            "data.scale to choose another"};
+    spdlog::info("Decision: {} = {} ({})", d.what, d.value, d.reason);
+    config.decisions.push_back(d);
+  }
   return config;
 }
 

@@ -45,10 +45,11 @@ struct LossSection {
 };
 
 struct DataSection {
-  std::string name = "fashion-mnist";  // fashion-mnist | synthetic | arrays
+  std::string name = "fashion-mnist";  // fashion-mnist | synthetic | arrays | images
   std::string path = "/usr/share/datasets/fashion-mnist";
-  std::string train;                     // arrays: an .npz, or a folder holding x.npy and y.npy
-  std::string test;                      // arrays: the same for the test set
+  std::string train;                     // arrays: an .npz, or a folder holding x.npy and y.npy;
+                                         // images: a folder with one sub-folder of images per class
+  std::string test;                      // arrays, images: the same for the test set
   // Held out from training and evaluated every eval.every steps (the test
   // set at the end): "" = none, a fraction ("0.1": a split seeded by
   // job.seed), or an .npz / folder like data.test (arrays).
@@ -58,9 +59,16 @@ struct DataSection {
   std::string augment;
   std::string inputs_key = "x";          // arrays: the inputs' name in the .npz / folder
   std::string targets_key = "y";         // arrays: the targets' name
-  double scale = 1.0;                    // arrays: inputs are multiplied by it (1/255 for uint8 images)
-  std::string mean;                      // arrays: per-channel means subtracted after scaling, "0.5,0.5,0.5"
-  std::string std;                       // arrays: per-channel standard deviations divided by
+  double scale = 1.0;                    // arrays, images: inputs are multiplied by it (images: 1/255
+                                         // unless set)
+  std::string mean;                      // arrays, images: per-channel means subtracted after scaling
+  std::string std;                       // arrays, images: per-channel standard deviations divided by
+  // images: "" = the first training image's size, "32" = 32 x 32, "64,48" = 64 high, 48 wide;
+  // every image is resized to it (bilinear, antialiased when shrinking).
+  std::string image_size;
+  int64_t channels = 0;                  // images: 1 (grey) or 3 (RGB); 0 = as the first training image
+  int64_t workers = 0;                   // images: decoding threads per rank; 0 = from the cores
+  std::string bad_files = "error";       // images: error | skip (a file that does not decode)
   int64_t batch_size = 64;               // per rank, per microbatch
   int64_t synthetic_samples = 4096;      // training samples of the synthetic set
   double missing_targets = 0.0;          // synthetic: share of labels set to -1

@@ -72,6 +72,12 @@ void HeartbeatLoop::on_eval(const std::string& summary) {
   eval_unsent_ = true;
 }
 
+void HeartbeatLoop::on_skipped_files(int64_t before_training, int64_t in_batches) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  latest_.set_files_skipped_before_training(before_training);
+  latest_.set_files_skipped_in_batches(in_batches);
+}
+
 void HeartbeatLoop::on_audit(const nlohmann::json& summary) {
   std::lock_guard<std::mutex> lock(mutex_);
   unsent_audits_.push_back(summary.dump());

@@ -185,6 +185,18 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                place.local_rank, place.local_world_size, place.description);
   ResolvedMachine machine =
       resolve_machine(config, place.local_rank, place.local_world_size, options.cpu, decisions);
+  if (config.data.name == "images") {
+    const int workers = config.data.workers > 0
+                            ? int(config.data.workers)
+                            : std::clamp(options.cpu.usable() / std::max(1, place.local_world_size), 1, 8);
+    data.set_reader_threads(workers);
+    decisions.record("data.workers", std::to_string(workers),
+                     config.data.workers > 0
+                         ? "data.workers: threads decoding images for each rank, batches assembled ahead"
+                         : std::to_string(options.cpu.usable()) + " usable CPUs shared by " +
+                               std::to_string(place.local_world_size) + " rank(s) on this host, at most "
+                               "8; threads decoding images, batches assembled ahead (data.prefetch)");
+  }
   const GlooAddressChoice gloo = choose_gloo_addresses(
       {config.comm.interface, options.gloo_socket_ifname, place.store_host, place.store_port});
   decisions.record("gloo_address", gloo.value, gloo.reason);
@@ -237,6 +249,16 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                      {"rendezvous", place.description},
                      {"data", data.description},
                      {"data_files", data_provenance(data.files)}};
+    for (const auto& [folder, files] : data.folders)
+      manifest.body["data_files"].push_back(folder_provenance(folder, files));
+    if (!data.classes.empty()) manifest.body["data_classes"] = data.classes;
+    if (config.data.name == "images") {
+      const size_t listed = std::min<size_t>(data.bad_files.size(), 100);
+      manifest.body["bad_files"] = {
+          {"policy", config.data.bad_files},
+          {"skipped_before_training", data.bad_files.size()},
+          {"files", std::vector<std::string>(data.bad_files.begin(), data.bad_files.begin() + long(listed))}};
+    }
     manifest.write();
     spdlog::info("run folder: {}", folder.path());
   }
@@ -320,7 +342,10 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
       resume = choose_checkpoint_to_resume(
           config, config.checkpoint.resume.empty() ? folder.path() : config.checkpoint.resume,
           options.restarted && config.checkpoint.resume.empty(), world, *control, decisions);
-    if (options.observer) options.observer->on_phase("train");
+    if (options.observer) {
+      options.observer->on_skipped_files(int64_t(data.bad_files.size()), 0);
+      options.observer->on_phase("train");
+    }
     TrainingResult result = train(TrainerParts{config, rank, world, model, data, *data_group,
                                                decisions, timer, events,
                                                options.terminal && rank == 0, options.observer,
@@ -341,6 +366,9 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
       }
     }
     control->barrier("end");
+    int64_t skipped_in_batches = 0;  // over all ranks: each decodes its own shard
+    for (const auto& count : control->exchange("skipped-in-batches", std::to_string(data.unreadable_in_batches())))
+      skipped_in_batches += std::stoll(count);
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                       options.process_start).count();
     nlohmann::json metrics = result.to_json();
@@ -353,6 +381,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     if (rank == 0) {
       manifest.body["metrics"] = metrics;
       manifest.body["metrics"]["wall_s"] = wall;
+      if (manifest.body.contains("bad_files")) manifest.body["bad_files"]["skipped_in_batches"] = skipped_in_batches;
       manifest.body["phases"] = timer.to_json(wall);
       manifest.body["decisions"] = decisions.to_json();
       manifest.body["status"] = stopped ? "stopped" : "completed";

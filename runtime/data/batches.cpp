@@ -71,10 +71,11 @@ Batch BatchStream::assemble() {
   int64_t count = std::min(batch_size_, order_.numel() - position_);
   at::Tensor rows = order_.narrow(0, position_, count);
   position_ += count;
-  at::Tensor inputs = data_.input_rows(rows);
+  std::vector<int64_t> unreadable;
+  at::Tensor inputs = data_.input_rows(rows, &unreadable);
   if (augmenter_ && augmenter_->active()) inputs = augmenter_->apply(inputs, next_index_);
   ++next_index_;
-  return Batch{inputs, data_.targets.index_select(0, rows), epoch_};
+  return Batch{inputs, data_.target_rows(rows, unreadable), epoch_};
 }
 
 }  // namespace lockstep

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 #include <algorithm>
+#include <limits>
 #include <zlib.h>
 
 #include <spdlog/fmt/fmt.h>
@@ -10,6 +11,7 @@
 
 #include "runtime/errors.h"
 #include "runtime/data/arrays.h"
+#include "runtime/data/images.h"
 #include "runtime/data/npy.h"
 #include "runtime/data/sampler.h"
 
@@ -207,9 +209,41 @@ at::Tensor InputTransform::apply(const at::Tensor& rows) const {
   return out;
 }
 
-at::Tensor Dataset::input_rows(const at::Tensor& rows) const {
+at::Tensor Dataset::input_rows(const at::Tensor& rows, std::vector<int64_t>* unreadable) const {
   const at::Tensor stored = row_map.defined() ? row_map.index_select(0, rows) : rows;
-  return transform.apply(reader ? reader->read(stored) : inputs.index_select(0, stored));
+  return transform.apply(reader ? reader->read(stored, unreadable) : inputs.index_select(0, stored));
+}
+
+at::Tensor Dataset::target_rows(const at::Tensor& rows, const std::vector<int64_t>& unreadable) const {
+  at::Tensor out = targets.index_select(0, rows);
+  for (const int64_t position : unreadable) {
+    if (out.is_floating_point()) out[position].fill_(std::numeric_limits<double>::quiet_NaN());
+    else out[position].fill_(-1);
+  }
+  return out;
+}
+
+namespace {
+
+// The distinct row sources (a split shares its source with the set it came from).
+std::vector<RowSource*> distinct_readers(const TrainTestData& data) {
+  std::vector<RowSource*> out;
+  for (const Dataset* set : {&data.train, &data.test, &data.validation})
+    if (set->reader && std::find(out.begin(), out.end(), set->reader.get()) == out.end())
+      out.push_back(set->reader.get());
+  return out;
+}
+
+}  // namespace
+
+int64_t TrainTestData::unreadable_in_batches() const {
+  int64_t total = 0;
+  for (const RowSource* reader : distinct_readers(*this)) total += reader->unreadable_count();
+  return total;
+}
+
+void TrainTestData::set_reader_threads(int threads) {
+  for (RowSource* reader : distinct_readers(*this)) reader->set_threads(threads);
 }
 
 void split_validation(const DataSection& section, uint64_t seed, TrainTestData& data) {
@@ -222,17 +256,19 @@ void split_validation(const DataSection& section, uint64_t seed, TrainTestData& 
     used = 0;
   }
   if (used != section.validation.size()) {
-    if (section.name != "arrays")
+    if (section.name != "arrays" && section.name != "images")
       throw InputError("data.validation = " + section.validation + ": a file or folder works with "
-                       "data.name = arrays only; give a fraction such as 0.1");
-    data.validation = load_arrays_file(section, section.validation, "data.validation");
+                       "data.name = arrays or images only; give a fraction such as 0.1");
+    data.validation = section.name == "images"
+                          ? load_image_folder_like(section, section.validation, data)
+                          : load_arrays_file(section, section.validation, "data.validation");
     spdlog::info("Decision: validation = {} ({} samples; evaluated every eval.every steps, the test "
                  "set at the end)", section.validation, data.validation.size());
     return;
   }
   if (!(fraction > 0 && fraction < 1))
     throw InputError("data.validation = " + section.validation + ": a fraction between 0 and 1 "
-                     "(exclusive), or a file or folder (arrays)");
+                     "(exclusive), or a file or folder (arrays, images)");
   const int64_t total = data.train.size();
   const int64_t held = int64_t(std::llround(fraction * double(total)));
   if (held < 1 || held >= total)
@@ -259,8 +295,8 @@ void split_validation(const DataSection& section, uint64_t seed, TrainTestData& 
 }
 
 TrainTestData load_data(const DataSection& data, uint64_t seed) {
-  if (data.name == "arrays") {
-    TrainTestData out = load_arrays(data);
+  if (data.name == "arrays" || data.name == "images") {
+    TrainTestData out = data.name == "arrays" ? load_arrays(data) : load_image_folders(data);
     split_validation(data, seed, out);
     return out;
   }

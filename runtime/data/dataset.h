@@ -24,16 +24,36 @@ struct InputTransform {
   at::Tensor apply(const at::Tensor& rows) const;
 };
 
-class RowReader;
+// Where rows come from when they are not in memory: a memory-mapped array
+// (data/npy.h) or image files decoded on demand (data/images.h). Safe to
+// call from several threads at once.
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  // Rows `rows` (int64 indices, in that order), stacked. A row that cannot
+  // be read either throws InputError naming its file, or (where the user
+  // chose to skip such files) comes back as zeros and, when `unreadable` is
+  // given, its position in `rows` is appended there.
+  virtual at::Tensor read(const at::Tensor& rows, std::vector<int64_t>* unreadable = nullptr) const = 0;
+  // Rows skipped so far because they could not be read.
+  virtual int64_t unreadable_count() const { return 0; }
+  // How many threads may work on one read (decoding images); call before
+  // reads start.
+  virtual void set_threads(int /*threads*/) {}
+};
+
 struct Dataset {
   at::Tensor inputs;  // for shapes and dtype; rows come through `reader` when it is set
-  std::shared_ptr<const RowReader> reader;
+  std::shared_ptr<RowSource> reader;
   at::Tensor targets;
   InputTransform transform;
   at::Tensor row_map;  // defined: row i of this set is row row_map[i] of `inputs` (a split)
   int64_t size() const { return targets.size(0); }
   // Rows `rows` (int64 indices) as model inputs: gathered, then transformed.
-  at::Tensor input_rows(const at::Tensor& rows) const;
+  // Positions of rows that could not be read (and were skipped) go to `unreadable`.
+  at::Tensor input_rows(const at::Tensor& rows, std::vector<int64_t>* unreadable = nullptr) const;
+  // Targets of `rows`, with those at the `unreadable` positions marked missing.
+  at::Tensor target_rows(const at::Tensor& rows, const std::vector<int64_t>& unreadable = {}) const;
 };
 
 struct TrainTestData {
@@ -43,6 +63,15 @@ struct TrainTestData {
   bool has_validation() const { return validation.targets.defined() && validation.size() > 0; }
   std::string description;  // for the log and the manifest
   std::vector<std::string> files;  // what it was read from, for provenance (data/provenance.h)
+  // Image folders: each folder with its image files, for provenance.
+  std::vector<std::pair<std::string, std::vector<std::string>>> folders;
+  std::vector<std::string> classes;      // class names by index, where the data names them
+  std::vector<std::string> bad_files;    // files skipped before training (data.bad_files = skip)
+  // Rows skipped while batches were assembled on this rank (files that
+  // passed the first check but do not decode; data.bad_files = skip).
+  int64_t unreadable_in_batches() const;
+  // Lets image decoding use `threads` threads per read.
+  void set_reader_threads(int threads);
 };
 
 // Reads a gzip-compressed IDX file of unsigned bytes with `expected_dims`

@@ -210,7 +210,7 @@ RowReader::~RowReader() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-at::Tensor RowReader::read(const at::Tensor& rows) const {
+at::Tensor RowReader::read(const at::Tensor& rows, std::vector<int64_t>*) const {
   std::vector<int64_t> shape = shape_;
   shape[0] = rows.numel();
   at::Tensor out = torch::empty(shape, torch::TensorOptions().dtype(dtype_));

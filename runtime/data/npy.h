@@ -14,6 +14,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "runtime/data/dataset.h"
+
 namespace lockstep {
 
 // Rows of an array stored uncompressed in a file, read on demand with
@@ -21,15 +23,16 @@ namespace lockstep {
 // same file would do, but a kernel that keeps the page cache in large
 // folios maps a whole folio per touched row: 2.2 GB resident after 300
 // steps on a 2 GiB file, measured.) Thread-safe.
-class RowReader {
+class RowReader : public RowSource {
  public:
   RowReader(const std::string& path, int64_t data_offset, std::vector<int64_t> shape,
             at::ScalarType dtype);
-  ~RowReader();
+  ~RowReader() override;
   RowReader(const RowReader&) = delete;
   RowReader& operator=(const RowReader&) = delete;
-  // Rows `rows` (int64 indices, in that order), the array's dtype.
-  at::Tensor read(const at::Tensor& rows) const;
+  // Rows `rows` (int64 indices, in that order), the array's dtype. A short
+  // read (the file changed under the run) throws.
+  at::Tensor read(const at::Tensor& rows, std::vector<int64_t>* unreadable = nullptr) const override;
 
  private:
   std::string path_;
@@ -41,7 +44,7 @@ class RowReader {
 
 struct LoadedArray {
   at::Tensor tensor;       // the array's dtype and shape (a view of the mapped file, or in memory)
-  std::shared_ptr<const RowReader> reader;  // set for uncompressed data: read rows through it
+  std::shared_ptr<RowReader> reader;  // set for uncompressed data: read rows through it
   bool mapped = false;     // false: read into memory (a deflated .npz member)
   int64_t bytes = 0;       // of array data
   std::string where;       // "x.npy in train.npz", for messages

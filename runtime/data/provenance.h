@@ -14,4 +14,9 @@ namespace lockstep {
 // One object per file: path, bytes, modified (UTC), xxh3, digest_cached.
 nlohmann::json data_provenance(const std::vector<std::string>& files);
 
+// One object for a folder of many files (an image folder): path, files,
+// bytes, modified (the newest), xxh3 over each file's relative path and
+// digest, digest_cached. Cached by the listing's names, sizes and times.
+nlohmann::json folder_provenance(const std::string& folder, const std::vector<std::string>& files);
+
 }  // namespace lockstep

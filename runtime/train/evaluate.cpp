@@ -18,10 +18,11 @@ EvalResult evaluate(Model& model, const Objective& objective, const Dataset& tes
   at::Tensor mine = torch::arange(rank, test.size(), world_size, torch::kInt64);
   for (int64_t start = 0; start < mine.numel(); start += batch_size) {
     at::Tensor rows = mine.narrow(0, start, std::min(batch_size, mine.numel() - start));
-    at::Tensor output = forward_output(model, test.input_rows(rows).to(model.device()),
+    std::vector<int64_t> unreadable;
+    at::Tensor output = forward_output(model, test.input_rows(rows, &unreadable).to(model.device()),
                                        precision == "bf16" ? at::kBFloat16 : at::kFloat);
     std::vector<double> batch =
-        objective.metric_sums(output, test.targets.index_select(0, rows).to(model.device()));
+        objective.metric_sums(output, test.target_rows(rows, unreadable).to(model.device()));
     if (sums.empty()) sums.assign(batch.size(), 0.0);
     for (size_t i = 0; i < batch.size(); ++i) sums[i] += batch[i];
   }

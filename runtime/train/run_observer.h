@@ -21,6 +21,12 @@ class RunObserver {
   }
   // After every evaluation: "step N: test loss ..., accuracy ..." (the same on every rank).
   virtual void on_eval(const std::string& summary) { (void)summary; }
+  // Files left out under data.bad_files = skip: before training (the same
+  // on every rank) and while this rank assembled its batches. At the start
+  // and whenever the count grows.
+  virtual void on_skipped_files(int64_t before_training, int64_t in_batches) {
+    (void)before_training, (void)in_batches;
+  }
   // After every audit, with its summary (AuditResult::to_json()).
   virtual void on_audit(const nlohmann::json& summary) { (void)summary; }
   // True once the run should end cleanly after the current step.

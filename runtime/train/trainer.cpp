@@ -85,6 +85,7 @@ class StepLoop {
   std::unique_ptr<optim::Optimizer> optimizer_;
   CheckpointStore checkpoints_;
   int64_t first_step_ = 0, microbatches_done_ = 0, last_epoch_ = 0;
+  int64_t skipped_reported_ = -1;  // rows skipped in batches, as last told to the observer
   std::optional<Augmenter> augmenter_;  // before batches_: the stream uses it
   std::optional<BatchStream> batches_;
   int64_t steps_ = 0;
@@ -337,7 +338,12 @@ void StepLoop::log_step(int64_t step, double lr, double global_valid, double sec
   const double mean_loss = window_loss_ / double(window_steps_);
   if (parts_.rank == 0) progress_->update(step + 1, mean_loss, lr, samples_per_s);
   if (parts_.steps_done) *parts_.steps_done = step + 1;
-  if (parts_.observer) parts_.observer->on_step(step + 1, mean_loss, samples_per_s);
+  if (parts_.observer) {
+    parts_.observer->on_step(step + 1, mean_loss, samples_per_s);
+    const int64_t skipped = parts_.data.unreadable_in_batches();
+    if (skipped != skipped_reported_)
+      parts_.observer->on_skipped_files(int64_t(parts_.data.bad_files.size()), skipped_reported_ = skipped);
+  }
   if ((step + 1) % config_.job.log_every == 0 || step + 1 == steps_) {
     result_.final_loss = mean_loss;
     parts_.events.write({{"event", "step"},

@@ -82,6 +82,25 @@ TEST_F(ConfigTest, OutOfRangeAndBadChoicesAreErrors) {
   EXPECT_NE(e.find("auto, fp32, bf16, fp16"), std::string::npos) << e;
 }
 
+TEST_F(ConfigTest, ImageFolderKeysAreCheckedAndTheirScaleIsADecision) {
+  const std::string images = "[job]\nsteps = 1\n[data]\nname = \"images\"\ntrain = \"t\"\ntest = \"v\"\n";
+  JobConfig c = load_job_config(write(images), {"data.image_size=64,48", "data.workers=3"});
+  EXPECT_DOUBLE_EQ(c.data.scale, 1.0 / 255.0);
+  ASSERT_FALSE(c.decisions.empty());
+  EXPECT_EQ(c.decisions.back().what, "data.scale");
+  EXPECT_DOUBLE_EQ(load_job_config(write(images), {"data.scale=1"}).data.scale, 1.0) << "a scale the user set stays";
+  std::string e = error_of(images, {"data.image_size=64x48"});
+  EXPECT_NE(e.find("'data.image_size' = '64x48': one size"), std::string::npos) << e;
+  e = error_of(images, {"data.channels=2"});
+  EXPECT_NE(e.find("1 (grey), 3 (RGB) or 0"), std::string::npos) << e;
+  e = error_of(images, {"data.bad_files=ignore"});
+  EXPECT_NE(e.find("one of: error, skip"), std::string::npos) << e;
+  e = error_of("[job]\nsteps = 1\n", {"data.workers=2"});
+  EXPECT_NE(e.find("apply to data.name = images only (now fashion-mnist)"), std::string::npos) << e;
+  e = error_of("[job]\nsteps = 1\n[data]\nname = \"images\"\n");
+  EXPECT_NE(e.find("data.name = images needs data.train and data.test"), std::string::npos) << e;
+}
+
 TEST_F(ConfigTest, StepsAndEpochsAreExclusive) {
   EXPECT_NE(error_of("[job]\nsteps = 1\nepochs = 2\n").find("exactly one of job.steps and job.epochs"),
             std::string::npos);

@@ -1,0 +1,596 @@
+#include "runtime/data/images.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <atomic>
+#include <cctype>
+#include <condition_variable>
+#include <csetjmp>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <jpeglib.h>
+#include <png.h>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "runtime/errors.h"
+
+namespace lockstep {
+namespace {
+
+namespace fs = std::filesystem;
+
+enum class Format { kUnknown, kPng, kJpeg };
+
+struct ImageHeader {
+  Format format = Format::kUnknown;
+  int64_t width = 0, height = 0;  // 0: not found in the first bytes (the decoder finds them)
+  bool colour = false;
+};
+
+std::string lower(std::string text) {
+  for (auto& c : text) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+bool is_image_name(const fs::path& path) {
+  const std::string ext = lower(path.extension().string());
+  return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
+}
+
+// Reads up to `count` bytes at `offset`; fewer at the end of the file.
+std::string read_at(int fd, int64_t offset, size_t count) {
+  std::string out(count, '\0');
+  size_t done = 0;
+  while (done < count) {
+    const ssize_t got = ::pread(fd, &out[done], count - done, offset + int64_t(done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    done += size_t(got);
+  }
+  out.resize(done);
+  return out;
+}
+
+std::string read_whole(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw InputError(path + ": cannot open (" + std::strerror(errno) + ")");
+  struct stat info {};
+  ::fstat(fd, &info);
+  std::string bytes = read_at(fd, 0, size_t(info.st_size));
+  ::close(fd);
+  return bytes;
+}
+
+uint32_t be32(const std::string& b, size_t at) {
+  return uint32_t(uint8_t(b[at])) << 24 | uint32_t(uint8_t(b[at + 1])) << 16 |
+         uint32_t(uint8_t(b[at + 2])) << 8 | uint32_t(uint8_t(b[at + 3]));
+}
+
+uint32_t be16(const std::string& b, size_t at) { return uint32_t(uint8_t(b[at])) << 8 | uint8_t(b[at + 1]); }
+
+const std::string kPngSignature("\x89PNG\r\n\x1a\n", 8);
+const std::string kPngEnd("\0\0\0\0IEND\xae\x42\x60\x82", 12);
+
+// The header and the end of one file: what it is, its size and colour, and
+// whether it is whole. Returns "" when it looks whole, else what is wrong.
+std::string check_image_file(const std::string& path, ImageHeader* header) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::string("cannot open (") + std::strerror(errno) + ")";
+  struct stat info {};
+  ::fstat(fd, &info);
+  const int64_t size = info.st_size;
+  const std::string head = read_at(fd, 0, size_t(std::min<int64_t>(size, 64 << 10)));
+  const std::string tail = read_at(fd, std::max<int64_t>(0, size - 1024), size_t(std::min<int64_t>(size, 1024)));
+  ::close(fd);
+  if (size == 0) return "empty file";
+  if (head.compare(0, 8, kPngSignature) == 0) {
+    header->format = Format::kPng;
+    if (head.size() < 33 || head.compare(12, 4, "IHDR") != 0) return "PNG without its IHDR header (truncated)";
+    header->width = be32(head, 16);
+    header->height = be32(head, 20);
+    header->colour = (uint8_t(head[25]) & 2) != 0;
+    if (tail.size() < 12 || tail.compare(tail.size() - 12, 12, kPngEnd) != 0)
+      return "PNG without its IEND chunk at the end (truncated, or bytes appended)";
+    return "";
+  }
+  if (head.size() >= 3 && uint8_t(head[0]) == 0xFF && uint8_t(head[1]) == 0xD8 && uint8_t(head[2]) == 0xFF) {
+    header->format = Format::kJpeg;
+    // Markers up to the frame header (SOFn) give the size and components.
+    size_t at = 2;
+    while (at + 9 < head.size() && uint8_t(head[at]) == 0xFF) {
+      const uint8_t marker = uint8_t(head[at + 1]);
+      const bool frame = marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC;
+      if (frame) {
+        header->height = be16(head, at + 5);
+        header->width = be16(head, at + 7);
+        header->colour = uint8_t(head[at + 9]) >= 3;
+        break;
+      }
+      at += 2 + be16(head, at + 2);
+    }
+    // Entropy-coded data never holds FF D9, so its absence near the end
+    // means the file was cut short.
+    bool ended = false;
+    for (size_t i = 0; i + 1 < tail.size(); ++i)
+      if (uint8_t(tail[i]) == 0xFF && uint8_t(tail[i + 1]) == 0xD9) ended = true;
+    if (!ended) return "JPEG without its end marker (truncated)";
+    return "";
+  }
+  std::string start;
+  for (size_t i = 0; i < std::min<size_t>(head.size(), 8); ++i) start += fmt::format("{:02x}", uint8_t(head[i]));
+  return "neither PNG nor JPEG (starts with bytes " + start + ")";
+}
+
+// Thrown by the decoders; turned into InputError or a skipped row.
+struct DecodeFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// [channels, height, width] uint8. Grey from colour as PIL's convert("L").
+at::Tensor decode_png(const std::string& bytes, int channels) {
+  png_image image{};
+  image.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&image, bytes.data(), bytes.size()))
+    throw DecodeFailure(std::string("PNG: ") + image.message);
+  const bool colour_in = (image.format & PNG_FORMAT_FLAG_COLOR) != 0;
+  const bool read_rgb = channels == 3 || colour_in;
+  image.format = read_rgb ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
+  const int64_t h = image.height, w = image.width, stored = read_rgb ? 3 : 1;
+  at::Tensor pixels = torch::empty({h, w, stored}, torch::kUInt8);
+  if (!png_image_finish_read(&image, nullptr, pixels.data_ptr<uint8_t>(), 0, nullptr)) {
+    const std::string message = image.message;
+    png_image_free(&image);
+    throw DecodeFailure("PNG: " + message);
+  }
+  if (channels == 1 && read_rgb) {
+    auto rgb = pixels.to(torch::kInt32);
+    auto grey = (rgb.select(2, 0) * 19595 + rgb.select(2, 1) * 38470 + rgb.select(2, 2) * 7471 + 0x8000)
+                    .div(65536, "floor");
+    return grey.to(torch::kUInt8).unsqueeze(0);
+  }
+  return pixels.permute({2, 0, 1}).contiguous();
+}
+
+struct JpegErrors {
+  jpeg_error_mgr manager;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void jpeg_fail(j_common_ptr info) {
+  auto* errors = reinterpret_cast<JpegErrors*>(info->err);
+  (*info->err->format_message)(info, errors->message);
+  std::longjmp(errors->jump, 1);
+}
+
+void jpeg_quiet(j_common_ptr, int) {}  // warnings (extra bytes, ...) are not failures
+
+struct JpegPixels {
+  std::vector<uint8_t> bytes;  // height x width x components
+  int64_t height = 0, width = 0, components = 0;
+  std::string error;
+};
+
+// libjpeg reports errors by longjmp: this frame holds no C++ object whose
+// destructor the jump could skip, only `info` and `errors`, used through
+// their addresses as libjpeg's own example does.
+bool decode_jpeg_into(const std::string& bytes, int channels, JpegPixels* out) {
+  jpeg_decompress_struct info{};
+  JpegErrors errors{};
+  info.err = jpeg_std_error(&errors.manager);
+  errors.manager.error_exit = jpeg_fail;
+  errors.manager.emit_message = jpeg_quiet;
+  if (setjmp(errors.jump)) {
+    jpeg_destroy_decompress(&info);
+    out->error = std::string("JPEG: ") + errors.message;
+    return false;
+  }
+  jpeg_create_decompress(&info);
+  jpeg_mem_src(&info, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&info, TRUE);
+  if (info.jpeg_color_space == JCS_CMYK || info.jpeg_color_space == JCS_YCCK) {
+    jpeg_destroy_decompress(&info);
+    out->error = "JPEG: CMYK colour, which is not converted (save it as RGB)";
+    return false;
+  }
+  info.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_start_decompress(&info);
+  out->height = info.output_height;
+  out->width = info.output_width;
+  out->components = info.output_components;
+  out->bytes.resize(size_t(out->height * out->width * out->components));
+  while (info.output_scanline < info.output_height) {
+    JSAMPROW row = out->bytes.data() + int64_t(info.output_scanline) * out->width * out->components;
+    jpeg_read_scanlines(&info, &row, 1);
+  }
+  jpeg_finish_decompress(&info);
+  jpeg_destroy_decompress(&info);
+  return true;
+}
+
+// [channels, height, width] uint8; grey is libjpeg's luminance.
+at::Tensor decode_jpeg(const std::string& bytes, int channels) {
+  JpegPixels pixels;
+  if (!decode_jpeg_into(bytes, channels, &pixels)) throw DecodeFailure(pixels.error);
+  // clone: from_blob only borrows the vector, and contiguous() of a
+  // one-channel view is the view itself.
+  return torch::from_blob(pixels.bytes.data(), {pixels.height, pixels.width, pixels.components}, torch::kUInt8)
+      .permute({2, 0, 1})
+      .clone(at::MemoryFormat::Contiguous);
+}
+
+// Runs task(i) for i in [0, count): on the calling thread and up to
+// threads - 1 more. Calls may come from several threads at once.
+class DecodePool {
+ public:
+  void resize(int threads) {
+    stop();
+    stopping_ = false;
+    for (int i = 1; i < threads; ++i) threads_.emplace_back([this] { serve(); });
+  }
+  ~DecodePool() { stop(); }
+
+  void for_each(int64_t count, const std::function<void(int64_t)>& task) {
+    auto job = std::make_shared<Job>();
+    job->count = count;
+    job->task = &task;
+    if (!threads_.empty()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back(job);
+      wake_.notify_all();
+    }
+    work_on(*job);
+    std::unique_lock<std::mutex> lock(job->mutex);
+    job->finished.wait(lock, [&] { return job->done == job->count; });
+    if (job->failure) std::rethrow_exception(job->failure);
+  }
+
+ private:
+  struct Job {
+    int64_t count = 0;
+    const std::function<void(int64_t)>* task = nullptr;
+    std::atomic<int64_t> next{0};
+    std::mutex mutex;
+    std::condition_variable finished;
+    int64_t done = 0;                // guarded by mutex
+    std::exception_ptr failure;      // guarded by mutex
+  };
+
+  static void work_on(Job& job) {
+    for (int64_t i; (i = job.next.fetch_add(1)) < job.count;) {
+      std::exception_ptr failure;
+      try {
+        (*job.task)(i);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(job.mutex);
+      if (failure && !job.failure) job.failure = failure;
+      if (++job.done == job.count) job.finished.notify_all();
+    }
+  }
+
+  void serve() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      wake_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      if (stopping_) return;
+      std::shared_ptr<Job> job = jobs_.front();
+      if (job->next.load() >= job->count) {  // all handed out: no longer anyone's to take
+        jobs_.pop_front();
+        continue;
+      }
+      lock.unlock();
+      work_on(*job);
+      lock.lock();
+    }
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+      wake_.notify_all();
+    }
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Job>> jobs_;  // guarded by mutex_
+  bool stopping_ = false;                  // guarded by mutex_
+  std::vector<std::thread> threads_;
+};
+
+// Image files as rows: decoded, converted and resized when asked for.
+class ImageSource : public RowSource {
+ public:
+  ImageSource(std::vector<std::string> files, int channels, int64_t height, int64_t width, bool skip_bad)
+      : files_(std::move(files)), channels_(channels), height_(height), width_(width), skip_bad_(skip_bad) {}
+
+  at::Tensor read(const at::Tensor& rows, std::vector<int64_t>* unreadable) const override {
+    const int64_t n = rows.numel();
+    at::Tensor out = torch::zeros({n, channels_, height_, width_}, torch::kFloat);
+    const at::Tensor index = rows.to(torch::kLong).contiguous();
+    const int64_t* row = index.data_ptr<int64_t>();
+    std::vector<char> failed(size_t(n), 0);
+    pool_.for_each(n, [&](int64_t i) {
+      const std::string& path = files_.at(size_t(row[i]));
+      try {
+        out[i].copy_(decode(path));
+      } catch (const DecodeFailure& e) {
+        if (!skip_bad_)
+          throw InputError(path + ": does not decode (" + e.what() + "); remove it, or set "
+                           "data.bad_files = skip to train without it");
+        failed[size_t(i)] = 1;
+        const int64_t so_far = ++unreadable_;
+        if (so_far <= 10)
+          spdlog::warn("{}: does not decode ({}); skipped (data.bad_files = skip): its target counts as "
+                       "missing{}", path, e.what(), so_far == 10 ? "; further ones are counted, not logged" : "");
+      }
+    });
+    for (int64_t i = 0; i < n; ++i)
+      if (failed[size_t(i)] && unreadable) unreadable->push_back(i);
+    return out;
+  }
+
+  int64_t unreadable_count() const override { return unreadable_.load(); }
+  void set_threads(int threads) override { pool_.resize(threads); }
+
+ private:
+  at::Tensor decode(const std::string& path) const {
+    std::string bytes;
+    try {
+      bytes = read_whole(path);
+    } catch (const InputError& e) {
+      throw DecodeFailure(e.what());
+    }
+    const bool png = bytes.compare(0, 8, kPngSignature) == 0;
+    at::Tensor pixels = png ? decode_png(bytes, channels_) : decode_jpeg(bytes, channels_);
+    if (pixels.size(0) != channels_) pixels = pixels.expand({channels_, pixels.size(1), pixels.size(2)});
+    at::Tensor image = pixels.to(torch::kFloat);
+    if (image.size(1) != height_ || image.size(2) != width_)
+      image = at::_upsample_bilinear2d_aa(image.unsqueeze(0), {height_, width_}, false).squeeze(0).clamp_(0, 255);
+    return image;
+  }
+
+  const std::vector<std::string> files_;
+  const int channels_;
+  const int64_t height_, width_;
+  const bool skip_bad_;
+  mutable DecodePool pool_;
+  mutable std::atomic<int64_t> unreadable_{0};
+};
+
+struct Listing {
+  std::vector<std::string> files;
+  std::vector<int64_t> labels;
+  std::vector<ImageHeader> headers;
+  std::vector<std::string> bad;  // "file: why"
+  int64_t ignored = 0;           // files with other extensions
+};
+
+std::vector<std::string> class_folders(const std::string& folder, const std::string& key) {
+  std::error_code error;
+  if (!fs::is_directory(folder, error))
+    throw InputError(key + " = " + folder + ": no such folder (data.name = images expects a folder "
+                     "with one sub-folder of images per class)");
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(folder, error))
+    if (entry.is_directory() && entry.path().filename().string()[0] != '.')
+      names.push_back(entry.path().filename().string());
+  if (error) throw InputError(key + " = " + folder + ": cannot list (" + error.message() + ")");
+  std::sort(names.begin(), names.end());
+  if (names.empty())
+    throw InputError(key + " = " + folder + ": holds no sub-folders; data.name = images expects one "
+                     "sub-folder per class (" + folder + "/cat/1.png, " + folder + "/dog/2.jpg, ...)");
+  return names;
+}
+
+// Every image under `folder`/CLASS, labelled by its class's index in
+// `classes`; the headers checked on `threads` threads.
+Listing list_images(const std::string& folder, const std::string& key, const std::vector<std::string>& found,
+                    const std::vector<std::string>& classes) {
+  Listing out;
+  for (const auto& name : found) {
+    const auto at = std::find(classes.begin(), classes.end(), name);
+    if (at == classes.end())
+      throw InputError(key + " = " + folder + ": class folder '" + name + "' is not among the training "
+                       "set's classes (" + std::to_string(classes.size()) + ": " + classes.front() + ", ...); "
+                       "every split needs the same class folders");
+    // torchvision's order: directories by path, files by name within each.
+    std::vector<std::pair<std::string, std::string>> files;
+    std::error_code error;
+    const fs::path root = fs::path(folder) / name;
+    for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::follow_directory_symlink, error);
+         it != fs::recursive_directory_iterator(); it.increment(error)) {
+      if (error) break;
+      std::error_code kind;
+      if (!it->is_regular_file(kind)) continue;
+      if (!is_image_name(it->path())) {
+        ++out.ignored;
+        continue;
+      }
+      files.emplace_back(it->path().parent_path().string(), it->path().filename().string());
+    }
+    if (error) throw InputError(root.string() + ": cannot list (" + error.message() + ")");
+    if (files.empty())
+      throw InputError(root.string() + ": class folder without any .png, .jpg or .jpeg file; remove "
+                       "it or add its images");
+    std::sort(files.begin(), files.end());
+    for (const auto& [dir, file] : files) {
+      out.files.push_back(dir + "/" + file);
+      out.labels.push_back(int64_t(at - classes.begin()));
+    }
+  }
+  out.headers.resize(out.files.size());
+  std::vector<std::string> problems(out.files.size());
+  const int threads = int(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 8));
+  std::vector<std::thread> pool;
+  std::atomic<size_t> next{0};
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      for (size_t i; (i = next.fetch_add(1)) < out.files.size();)
+        problems[i] = check_image_file(out.files[i], &out.headers[i]);
+    });
+  for (auto& t : pool) t.join();
+  for (size_t i = 0; i < problems.size(); ++i)
+    if (!problems[i].empty()) out.bad.push_back(out.files[i] + ": " + problems[i]);
+  return out;
+}
+
+struct Shape {
+  int channels = 0;
+  int64_t height = 0, width = 0;
+};
+
+// Leaves the bad files out (skip) or throws naming them (error).
+void settle_bad_files(const DataSection& data, const std::string& key, Listing& listing,
+                      std::vector<std::string>* skipped) {
+  if (listing.bad.empty()) return;
+  if (data.bad_files != "skip")
+    throw InputError(listing.bad.front() + (listing.bad.size() > 1 ? " (and " + std::to_string(listing.bad.size() - 1) +
+                                                                         " more file(s) in " + key + ")"
+                                                                   : std::string()) +
+                     "; remove it, or set data.bad_files = skip to train without it");
+  Listing kept;
+  kept.ignored = listing.ignored;
+  size_t b = 0;
+  for (size_t i = 0; i < listing.files.size(); ++i) {
+    if (b < listing.bad.size() && listing.bad[b].compare(0, listing.files[i].size() + 2, listing.files[i] + ": ") == 0) {
+      ++b;
+      continue;
+    }
+    kept.files.push_back(listing.files[i]);
+    kept.labels.push_back(listing.labels[i]);
+    kept.headers.push_back(listing.headers[i]);
+  }
+  spdlog::warn("{}: {} file(s) skipped (data.bad_files = skip): {}{}", key, listing.bad.size(), listing.bad.front(),
+               listing.bad.size() > 1 ? ", ..." : "");
+  for (const auto& line : listing.bad) skipped->push_back(line);
+  listing = std::move(kept);
+  if (listing.files.empty()) throw InputError(key + ": no image decodes; nothing to train on");
+}
+
+Dataset make_dataset(const Listing& listing, const Shape& shape, const DataSection& data) {
+  Dataset set;
+  set.reader = std::make_shared<ImageSource>(listing.files, shape.channels, shape.height, shape.width,
+                                             data.bad_files == "skip");
+  // A stand-in with the rows' shape and no storage: rows come through the reader.
+  set.inputs = torch::zeros({1}, torch::kUInt8).expand({int64_t(listing.files.size()), shape.channels,
+                                                        shape.height, shape.width});
+  set.targets = torch::tensor(listing.labels, torch::kLong);
+  set.transform.scale = data.scale;
+  for (const auto& v : split_names(data.mean)) set.transform.mean.push_back(std::stod(v));
+  for (const auto& v : split_names(data.std)) set.transform.std.push_back(std::stod(v));
+  return set;
+}
+
+Shape decide_shape(const DataSection& data, const Listing& train) {
+  Shape shape;
+  const ImageHeader& first = train.headers.front();
+  const std::string& first_file = train.files.front();
+  ImageHeader known = first;
+  if (known.width == 0) {  // a JPEG whose frame header is far in: decode it once
+    const std::string bytes = read_whole(first_file);
+    try {
+      at::Tensor pixels = decode_jpeg(bytes, 3);
+      known.height = pixels.size(1);
+      known.width = pixels.size(2);
+    } catch (const DecodeFailure& e) {
+      throw InputError(first_file + ": does not decode (" + e.what() + ")");
+    }
+  }
+  if (data.channels > 0) {
+    shape.channels = int(data.channels);
+  } else {
+    shape.channels = known.colour ? 3 : 1;
+    spdlog::info("Decision: data.channels = {} ({} {} is {}; set data.channels to choose)", shape.channels,
+                 "the first training image", first_file, known.colour ? "colour" : "grey");
+  }
+  const auto sizes = split_names(data.image_size);
+  if (sizes.empty()) {
+    shape.height = known.height;
+    shape.width = known.width;
+    spdlog::info("Decision: data.image_size = {},{} (height, width of the first training image {}; "
+                 "every image is resized to it; set data.image_size to choose)", shape.height, shape.width,
+                 first_file);
+  } else {
+    shape.height = std::stol(sizes[0]);
+    shape.width = std::stol(sizes.size() > 1 ? sizes[1] : sizes[0]);
+  }
+  return shape;
+}
+
+std::string shape_text(const Shape& shape) {
+  return fmt::format("{} x {} x {}", shape.channels, shape.height, shape.width);
+}
+
+// How many images differ from `shape` in size: they are resized, which is said.
+void note_resizing(const std::string& key, const Listing& listing, const Shape& shape) {
+  int64_t other = 0;
+  for (const auto& h : listing.headers)
+    if (h.width != 0 && (h.width != shape.width || h.height != shape.height)) ++other;
+  if (other > 0)
+    spdlog::info("Decision: resize = {} image(s) of {} ({} of {} differ from {} x {}; bilinear, antialiased)",
+                 other, key, other, listing.files.size(), shape.height, shape.width);
+}
+
+}  // namespace
+
+TrainTestData load_image_folders(const DataSection& data) {
+  const std::vector<std::string> classes = class_folders(data.train, "data.train");
+  TrainTestData out;
+  Listing train = list_images(data.train, "data.train", classes, classes);
+  Listing test = list_images(data.test, "data.test", class_folders(data.test, "data.test"), classes);
+  settle_bad_files(data, "data.train", train, &out.bad_files);
+  settle_bad_files(data, "data.test", test, &out.bad_files);
+  const Shape shape = decide_shape(data, train);
+  note_resizing("data.train", train, shape);
+  note_resizing("data.test", test, shape);
+  if (train.ignored + test.ignored > 0)
+    spdlog::info("Decision: ignored_files = {} (names not ending in .png, .jpg or .jpeg under data.train and "
+                 "data.test)", train.ignored + test.ignored);
+  std::string class_list;
+  for (size_t i = 0; i < classes.size(); ++i)
+    class_list += (i ? ", " : "") + std::to_string(i) + " " + classes[i];
+  spdlog::info("Decision: classes = {} ({}; sub-folders of {} sorted by name, as torchvision's ImageFolder)",
+               classes.size(), class_list, data.train);
+  out.train = make_dataset(train, shape, data);
+  out.test = make_dataset(test, shape, data);
+  out.classes = classes;
+  out.folders = {{data.train, train.files}, {data.test, test.files}};
+  out.description = fmt::format("images: train {} ({} images), test {} ({} images), {} classes, {} as "
+                                "float32 times {:g}{}", data.train, train.files.size(), data.test,
+                                test.files.size(), classes.size(), shape_text(shape), data.scale,
+                                data.mean.empty() ? "" : ", normalised by data.mean / data.std");
+  if (!out.bad_files.empty()) out.description += fmt::format("; {} bad file(s) skipped", out.bad_files.size());
+  return out;
+}
+
+Dataset load_image_folder_like(const DataSection& data, const std::string& folder, TrainTestData& trained) {
+  Listing listing = list_images(folder, "data.validation", class_folders(folder, "data.validation"), trained.classes);
+  settle_bad_files(data, "data.validation", listing, &trained.bad_files);
+  trained.folders.emplace_back(folder, listing.files);
+  Shape shape;
+  shape.channels = int(trained.train.inputs.size(1));
+  shape.height = trained.train.inputs.size(2);
+  shape.width = trained.train.inputs.size(3);
+  note_resizing("data.validation", listing, shape);
+  return make_dataset(listing, shape, data);
+}
+
+}  // namespace lockstep
