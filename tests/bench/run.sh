@@ -19,5 +19,9 @@ echo "== bf16 against fp32" >&2
 /usr/bin/python3 "$here/precision.py" "$build" "$repetitions"
 echo "== scripted resnet18: lockstep against PyTorch DDP, TorchScript against eager" >&2
 /usr/bin/python3 "$here/scripted_resnet.py" "$build" "$repetitions"
+echo "== image folders: data wait against the step" >&2
+/usr/bin/python3 "$here/image_data_wait.py" "$build" "$repetitions"
+echo "== parameter distance across world sizes, and what differs where it jumps" >&2
+"$build/tests/bench/world_sizes" 50
 echo "== step time across namespace hosts and capped links (root)" >&2
 "$build/tests/bench/multihost_links" "$repetitions" 60 || echo "multihost_links: skipped or failed (it needs root)" >&2

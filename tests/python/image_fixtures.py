@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Image folders for lockstep's data tests, written by PIL from Debian's
-Fashion-MNIST, laid out as torchvision's ImageFolder reads them.
+Fashion-MNIST by the example's own writer (examples/fashion_images/prepare.py),
+laid out as torchvision's ImageFolder reads them.
 
   good DIR [TRAIN_PER_CLASS] [TEST_PER_CLASS]
              DIR/train/CLASS/*.png|jpg and DIR/test/CLASS/..., the ten
@@ -15,7 +16,6 @@ Fashion-MNIST, laid out as torchvision's ImageFolder reads them.
   pil DIR FILE...   prints, per file, PIL's pixels as lockstep decodes them
              (grey, uint8) as a JSON list of sums, for comparison
 """
-import gzip
 import json
 import os
 import sys
@@ -23,43 +23,14 @@ import sys
 import numpy as np
 from PIL import Image
 
-FMNIST = "/usr/share/datasets/fashion-mnist"
-CLASSES = ["T-shirt_top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-           "Ankle_boot"]
-
-
-def idx(name, offset):
-    with gzip.open(os.path.join(FMNIST, name)) as f:
-        return np.frombuffer(f.read(), np.uint8, offset=offset)
-
-
-def write_split(out, images, labels, per_class):
-    counts = {c: 0 for c in range(10)}
-    for i, (image, label) in enumerate(zip(images, labels)):
-        label = int(label)
-        if counts[label] >= per_class:
-            continue
-        counts[label] += 1
-        folder = os.path.join(out, CLASSES[label])
-        os.makedirs(folder, exist_ok=True)
-        picture = Image.fromarray(image, mode="L")
-        if i % 50 == 7:
-            picture = picture.resize((56, 56), Image.BILINEAR)
-        if i % 3 == 2:
-            picture.save(os.path.join(folder, "%05d.jpg" % i), quality=95)
-        else:
-            picture.save(os.path.join(folder, "%05d.png" % i))
-        if all(n >= per_class for n in counts.values()):
-            break
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "fashion_images"))
+from prepare import fashion_mnist, write_split  # noqa: E402  (the example's own writer)
 
 
 def good(out, train_per_class=500, test_per_class=100):
-    images = idx("train-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)
-    labels = idx("train-labels-idx1-ubyte.gz", 8)
-    write_split(os.path.join(out, "train"), images, labels, train_per_class)
-    test_images = idx("t10k-images-idx3-ubyte.gz", 16).reshape(-1, 28, 28)
-    test_labels = idx("t10k-labels-idx1-ubyte.gz", 8)
-    write_split(os.path.join(out, "test"), test_images, test_labels, test_per_class)
+    write_split(os.path.join(out, "train"), *fashion_mnist("train"), train_per_class, resize_some=True)
+    write_split(os.path.join(out, "test"), *fashion_mnist("test"), test_per_class, resize_some=True)
     with open(os.path.join(out, "train", "Bag", "README.txt"), "w") as f:
         f.write("bags, from Fashion-MNIST\n")
 

@@ -87,6 +87,14 @@ TEST(Images, ClassesFilesAndPixelsAreThoseTorchvisionAndPilSee) {
     if (fs::path(files[native[k]]).extension() == ".jpg") ++jpegs;
   }
   EXPECT_GT(jpegs, 5);
+  // data.validation naming a folder: the training set's classes and shape.
+  DataSection with_validation = images(dir.path);
+  with_validation.validation = dir.path + "/test";
+  TrainTestData split = load_data(with_validation, 1);
+  EXPECT_EQ(split.validation.size(), 50);
+  EXPECT_EQ(split.validation.inputs.sizes(), (std::vector<int64_t>{50, 1, 28, 28}));
+  EXPECT_EQ(split.folders.size(), 3u);
+  EXPECT_TRUE(split.validation.targets.equal(split.test.targets));
 }
 
 TEST(Images, ChannelsSizeAndThreadsChangeTheShapeNotThePixels) {
