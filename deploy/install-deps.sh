@@ -14,6 +14,7 @@ packages=(
   iproute2 util-linux
   slurmd slurmctld slurm-client munge python3-yaml
   python3-torch python3-numpy python3-torchvision python3-pil
+  python3-protobuf python3-crc32c
 )
 
 missing=()

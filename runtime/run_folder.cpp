@@ -1,5 +1,7 @@
 #include "runtime/run_folder.h"
 
+#include "runtime/tensorboard.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -200,7 +202,10 @@ void EventWriter::write(nlohmann::json event) {
     written = std::fflush(file_) == 0;
     error = errno;
   }
-  if (written) return;
+  if (written) {
+    if (mirror_) mirror_->event(event);
+    return;
+  }
   std::clearerr(file_);
   if (before >= 0 && ::ftruncate(::fileno(file_), before) == 0) std::fseek(file_, before, SEEK_SET);
   throw RunError("cannot write " + path_ + ": " + std::strerror(error ? error : EIO));

@@ -65,6 +65,8 @@ class RunFolderLock {
   int fd_ = -1;
 };
 
+class TensorBoardWriter;
+
 // Appends JSON lines to a file. Not thread-safe.
 class EventWriter {
  public:
@@ -75,10 +77,13 @@ class EventWriter {
   // Adds "time" (seconds since the epoch) and writes one line, whole or
   // not at all. Throws RunError naming the file when it cannot (a full disk).
   void write(nlohmann::json event);
+  // Every event written from now on also goes to `scalars` (which outlives this writer's use).
+  void mirror_to(TensorBoardWriter* scalars) { mirror_ = scalars; }
 
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
+  TensorBoardWriter* mirror_ = nullptr;
 };
 
 }  // namespace lockstep

@@ -25,6 +25,7 @@
 #include "runtime/loss/objective.h"
 #include "runtime/train/phase_timer.h"
 #include "runtime/run_folder.h"
+#include "runtime/tensorboard.h"
 #include "runtime/audit/seeding.h"
 #include "runtime/train/trainer.h"
 
@@ -266,6 +267,10 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   if (config.checkpoint.every > 0 || !config.checkpoint.resume.empty() || options.restarted)
     check_folder_shared(*control, folder, rank, hosts, config);
   EventWriter events(folder.file("events-rank" + std::to_string(rank) + ".jsonl"));
+  // Each rank its own folder, so TensorBoard overlays the ranks; a restarted
+  // generation adds a file beside the earlier one.
+  TensorBoardWriter tensorboard(folder.file("tensorboard/rank" + std::to_string(rank)));
+  events.mirror_to(&tensorboard);
   int64_t steps_done = 0;  // optimizer steps this rank finished, the resumed ones included
 
   try {

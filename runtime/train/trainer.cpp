@@ -396,6 +396,11 @@ void StepLoop::finish_audit() {
   ++result_.audits;
   result_.audits_disagreeing += !audit.agreed;
   result_.last_audit = audit.verdict();
+  double worst = 0;
+  for (const auto& finding : audit.findings)
+    for (double d : finding.max_abs_diff) worst = std::max(worst, d);
+  parts_.events.write({{"event", "audit_result"}, {"step", audit.step}, {"agreed", audit.agreed},
+                       {"max_abs_diff", worst}, {"verdict", audit.verdict()}});
   if (parts_.observer) parts_.observer->on_audit(audit.to_json());
 }
 
