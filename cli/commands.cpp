@@ -472,6 +472,34 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
   }
 }
 
+int config_command(const std::string& job_file, const std::vector<std::string>& overrides, bool json) {
+  spdlog::set_level(spdlog::level::warn);  // stdout is the configuration; decisions are in its comments
+  const JobConfig config = load_job_config(job_file, overrides);
+  if (json) {
+    std::printf("%s\n", nlohmann::json({{"config", to_json(config)}, {"sources", config.sources}}).dump(1).c_str());
+    return 0;
+  }
+  std::string text = effective_toml(config);
+  for (const auto& d : config.decisions) text += "# Decision: " + d.what + " = " + d.value + " (" + d.reason + ")\n";
+  std::fputs(text.c_str(), stdout);
+  return 0;
+}
+
+int keys_command(bool json) {
+  const nlohmann::json keys = describe_keys();
+  if (json) {
+    std::printf("%s\n", keys.dump(1).c_str());
+    return 0;
+  }
+  size_t width = 0;
+  for (const auto& k : keys) width = std::max(width, k["key"].get<std::string>().size());
+  for (const auto& k : keys)
+    std::printf("%-*s  %-8s default %-12s %s\n", int(width), k["key"].get<std::string>().c_str(),
+                k["type"].get<std::string>().c_str(), k["default"].get<std::string>().c_str(),
+                k["allowed"].get<std::string>().c_str());
+  return 0;
+}
+
 int probe_command(const std::string& candidate, bool force, bool json) {
   if (!candidate.empty()) {
     const auto colon = candidate.find(':', candidate.rfind("cuda:", 0) == 0 ? 5 : 0);

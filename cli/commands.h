@@ -37,6 +37,14 @@ int audit_command(const std::string& run_dir, bool json);
 // machine fingerprint (--force measures again). With --candidate
 // DEVICE:DTYPE: measure that one in this process and print JSON rows (what
 // the probe's children run).
+// The effective configuration of JOB with --set overrides: a job file with
+// each key's source in a comment, or (json) {"config", "sources"}. Checks
+// the keys as `run` does; exit 2 on bad input.
+int config_command(const std::string& job_file, const std::vector<std::string>& overrides, bool json);
+
+// Every job key with its type, default and allowed values.
+int keys_command(bool json);
+
 int probe_command(const std::string& candidate, bool force, bool json);
 
 }  // namespace lockstep

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"lockstep " LOCKSTEP_VERSION ": data-parallel training that never fails silently"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "lockstep " LOCKSTEP_VERSION);
   std::string job_file, resume_dir;
   ServeFlags serve;
   std::vector<std::string> overrides;
@@ -83,9 +84,20 @@ int main(int argc, char** argv) {
   probe->add_option("--candidate", candidate, "internal: measure DEVICE:DTYPE in this process")
       ->group("");
 
+  auto* config = app.add_subcommand("config", "print the effective configuration of a job file with "
+                                              "--set overrides, each key's source in a comment");
+  config->add_option("job", job_file, "job file (TOML)")->required();
+  config->add_option("--set", overrides, "override a job key: --set optim.lr=0.1");
+  config->add_flag("--json", json, "print JSON for scripts: the configuration and each key's source");
+
+  auto* keys = app.add_subcommand("keys", "list every job key with its type, default and allowed values");
+  keys->add_flag("--json", json, "print JSON for scripts");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
@@ -99,6 +111,8 @@ int main(int argc, char** argv) {
     if (status->parsed()) return status_command(connection, json);
     if (audit->parsed()) return audit_command(run_dir, json);
     if (probe->parsed()) return probe_command(candidate, force, json);
+    if (config->parsed()) return config_command(job_file, overrides, json);
+    if (keys->parsed()) return keys_command(json);
     return worker_command(job_file, overrides, connection, start);
   } catch (const InputError& e) {
     spdlog::error("{}", e.what());

@@ -1,5 +1,7 @@
 #include "runtime/config.h"
 
+#include "lockstep/build_config.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -599,6 +601,74 @@ std::vector<std::string> effective_settings(const JobConfig& config) {
         spec.get(config));
     out.push_back(spec.key + "=" + text);
   }
+  return out;
+}
+
+namespace {
+
+// A value as TOML writes it: strings quoted (JSON's escapes are TOML's),
+// floats always with a point or exponent, so they read back as floats.
+std::string toml_value(const Value& value) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) return nlohmann::json(v).dump();
+        else if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, double>) {
+          if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+          char buffer[64];
+          for (int digits = 15; digits <= 17; ++digits) {  // the shortest that reads back the same
+            std::snprintf(buffer, sizeof buffer, "%.*g", digits, v);
+            if (std::strtod(buffer, nullptr) == v) break;
+          }
+          std::string text = buffer;
+          if (text.find_first_of(".en") == std::string::npos) text += ".0";
+          return text;
+        } else return std::to_string(v);
+      },
+      value);
+}
+
+std::string type_name(Kind kind) {
+  switch (kind) {
+    case Kind::kInt: return "integer";
+    case Kind::kFloat: return "number";
+    case Kind::kBool: return "bool";
+    case Kind::kString: return "string";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string effective_toml(const JobConfig& config) {
+  std::string top, sections, current;
+  for (const auto& spec : schema()) {
+    const auto dot = spec.key.find('.');
+    const auto found = config.sources.find(spec.key);
+    const std::string line = spec.key.substr(dot == std::string::npos ? 0 : dot + 1) + " = " +
+                             toml_value(spec.get(config)) + "  # " +
+                             (found == config.sources.end() ? "default" : found->second) + "\n";
+    if (dot == std::string::npos) {
+      top += line;
+      continue;
+    }
+    const std::string section = spec.key.substr(0, dot);
+    if (section != current) {
+      sections += "\n[" + section + "]\n";
+      current = section;
+    }
+    sections += line;
+  }
+  return "# lockstep " LOCKSTEP_VERSION ": the effective configuration of " + config.job_file + "\n" + top + sections;
+}
+
+nlohmann::json describe_keys() {
+  const JobConfig defaults;
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& spec : schema())
+    out.push_back({{"key", spec.key}, {"type", type_name(spec.kind)}, {"default", toml_value(spec.get(defaults))},
+                   {"allowed", allowed(spec)}});
   return out;
 }
 

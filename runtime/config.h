@@ -230,4 +230,12 @@ nlohmann::json to_json(const JobConfig& config);
 // All known keys, for error messages and documentation.
 std::vector<std::string> known_keys();
 
+// The configuration as a job file: one table per section, every key with
+// its value, and where the value came from in a comment. Read back, it
+// gives the same configuration.
+std::string effective_toml(const JobConfig& config);
+
+// Every key: {"key", "type", "default", "allowed"}, for `lockstep keys`.
+nlohmann::json describe_keys();
+
 }  // namespace lockstep
