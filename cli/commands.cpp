@@ -62,6 +62,37 @@ std::string resolve_token(const std::string& token_file) {
                    "workers need the same one)");
 }
 
+// Files in a `lockstep run` job's folder while it runs.
+constexpr const char* kAddressFile = "coordinator-address";
+constexpr const char* kTokenFile = ".token";
+
+// Leaves the job's address and token in its folder for `lockstep status
+// RUN_DIR`, and takes them away at the end. A failure to write only costs that.
+class StatusHandle {
+ public:
+  StatusHandle(const std::string& folder, const std::string& address, const std::string& token)
+      : folder_(folder) {
+    try {
+      const std::string token_path = folder + "/" + kTokenFile;
+      const int fd = ::open(token_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0 || ::write(fd, token.data(), token.size()) != ssize_t(token.size()))
+        throw RunError(token_path + ": " + std::strerror(errno));
+      ::close(fd);
+      write_file_atomically(folder + "/" + kAddressFile, address);
+    } catch (const std::exception& e) {
+      spdlog::warn("lockstep status {} will not find this job ({}); use --coordinator {}", folder, e.what(), address);
+    }
+  }
+  ~StatusHandle() {
+    std::error_code ignored;
+    std::filesystem::remove(folder_ + "/" + kAddressFile, ignored);
+    std::filesystem::remove(folder_ + "/" + kTokenFile, ignored);
+  }
+
+ private:
+  std::string folder_;
+};
+
 int env_int(const char* name, int fallback) {
   const char* text = std::getenv(name);
   if (!text || !*text) return fallback;
@@ -175,6 +206,10 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   CoordinatorServer coordinator(coordinator_options, job);
   coordinator.start();
   options.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
+  // `lockstep status RUN_DIR` finds the job from its folder: the address,
+  // and the token in a file only this user reads; both go when the job ends.
+  const std::string run_folder = (std::filesystem::path(config.job.run_dir) / run_id).string();
+  const StatusHandle status_handle(run_folder, options.coordinator, coordinator_options.token);
   JobState& state = coordinator.job_state();
   // A worker that dies costs a restart from the newest complete checkpoint
   // while fault.max_restarts allows: the coordinator decides.
@@ -188,7 +223,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   else if (code != 0)
     coordinator.abort("a worker process failed (see the launcher's message)");
   const int coordinator_code = coordinator.wait(code == 0 ? milliseconds(5000) : milliseconds(0));
-  const std::string folder = (std::filesystem::path(config.job.run_dir) / run_id).string();
+  const std::string& folder = run_folder;
   spdlog::info("run folder: {}", folder);
   if (code == 0 && coordinator_code == kExitCompletedWithDrift)  // the last line says so too
     spdlog::error("lockstep run: completed_with_drift: {}; exit {} (see lockstep audit {})",
@@ -557,7 +592,32 @@ nlohmann::json status_json(const v1::StatusReply& reply) {
           {"bad_files_skipped", reply.bad_files_skipped()}, {"ranks", ranks}};
 }
 
-int status_command(const ConnectionFlags& connection, bool json) {
+int status_command(ConnectionFlags connection, const std::string& run_dir, bool json) {
+  if (!run_dir.empty() && connection.coordinator.empty()) {
+    const std::string address_file = run_dir + "/" + kAddressFile;
+    if (!std::filesystem::exists(address_file)) {
+      const std::string manifest_path = run_dir + "/manifest.json";
+      if (!std::filesystem::exists(manifest_path))
+        throw InputError(run_dir + ": not a run folder (no manifest.json, no " + kAddressFile + ")");
+      const auto manifest = nlohmann::json::parse(read_text_file(manifest_path, "the manifest", 64 << 20));
+      const std::string state = manifest.value("status", "?");
+      if (json) {
+        std::printf("%s\n", nlohmann::json({{"run_id", manifest.value("run_id", "")}, {"state", state},
+                                             {"running", false}}).dump(2).c_str());
+        return 0;
+      }
+      std::printf("run %s: %s, not running (no coordinator address in %s; its manifest says so)%s%s\n",
+                  manifest.value("run_id", "?").c_str(), state.c_str(), run_dir.c_str(),
+                  manifest.contains("error") ? "\nerror: " : "",
+                  manifest.contains("error") ? manifest["error"].get<std::string>().c_str() : "");
+      return 0;
+    }
+    connection.coordinator = read_text_file(address_file, "the coordinator address", 4096);
+    if (connection.token_file.empty() && !std::getenv("LOCKSTEP_TOKEN"))
+      connection.token_file = run_dir + "/" + kTokenFile;
+  }
+  if (connection.coordinator.empty())
+    throw InputError("lockstep status needs --coordinator HOST:PORT, or the RUN_DIR of a `lockstep run` job");
   check_connection(connection);
   CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
                             connection.tls_ca});

@@ -30,7 +30,9 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
                         const ServeFlags& serve);
 int worker_command(const std::string& job_file, const std::vector<std::string>& overrides,
                    const ConnectionFlags& connection, std::chrono::steady_clock::time_point start);
-int status_command(const ConnectionFlags& connection, bool json);
+// --coordinator, or RUN_DIR of a `lockstep run` job (its address and token
+// are in the folder while it runs; after, the manifest's outcome).
+int status_command(ConnectionFlags connection, const std::string& run_dir, bool json);
 int audit_command(const std::string& run_dir, bool json);
 
 // lockstep probe: the table of what each precision costs here, cached per

@@ -66,11 +66,12 @@ int main(int argc, char** argv) {
                      "like comm.rendezvous_timeout_s)")
       ->check(CLI::Range(0.001, 86400.0));
 
+  std::string run_dir;
   auto* status = app.add_subcommand("status", "show a running job, one row per rank");
-  add_connection(status, true);
+  status->add_option("run_dir", run_dir, "the run folder of a `lockstep run` job (instead of --coordinator)");
+  add_connection(status, false);
   status->add_flag("--json", json, "print JSON for scripts");
 
-  std::string run_dir;
   auto* audit = app.add_subcommand("audit", "offline: did the ranks of a run agree at every audit?");
   audit->add_option("run_dir", run_dir, "the run folder, runs/<run-id>")->required();
   audit->add_flag("--json", json, "print JSON for scripts");
@@ -108,7 +109,7 @@ int main(int argc, char** argv) {
     if (run->parsed()) return run_command(job_file, overrides, nproc, resume_dir);
     if (coordinator->parsed())
       return coordinator_command(job_file, overrides, serve);
-    if (status->parsed()) return status_command(connection, json);
+    if (status->parsed()) return status_command(connection, run_dir, json);
     if (audit->parsed()) return audit_command(run_dir, json);
     if (probe->parsed()) return probe_command(candidate, force, json);
     if (config->parsed()) return config_command(job_file, overrides, json);

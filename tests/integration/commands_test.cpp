@@ -1,7 +1,9 @@
 // The small commands a person uses around a job: --version, config (the
 // effective configuration, read back to the same), keys.
 #include <filesystem>
+#include <csignal>
 #include <fstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -49,6 +51,40 @@ TEST(Commands, VersionConfigThatReadsBackAndKeys) {
       EXPECT_EQ(k["allowed"], "one of: error, skip");
     }
   EXPECT_TRUE(found);
+}
+
+// `lockstep status RUN_DIR` on a `lockstep run` job: no token to export, no
+// port to look up; after the job, the manifest's outcome.
+TEST(Commands, StatusFindsALockstepRunJobFromItsFolder) {
+  TempDir dir;
+  LockstepProcess job(synthetic_run(dir, 2, {"job.steps=100000", "job.name=watched"}), dir.path());
+  std::string run;
+  for (int i = 0; i < 300 && run.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (std::filesystem::exists(dir.path() + "/runs"))
+      for (const auto& entry : std::filesystem::directory_iterator(dir.path() + "/runs"))
+        if (std::filesystem::exists(entry.path() / "coordinator-address")) run = entry.path();
+  }
+  ASSERT_FALSE(run.empty()) << job.output();
+  EXPECT_EQ(std::filesystem::status(run + "/.token").permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::string table;
+  for (int i = 0; i < 100 && table.find("running") == std::string::npos; ++i) {
+    table = run_lockstep({"status", run}, dir.path(), 15).output;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_NE(table.find("run watched-"), std::string::npos) << table;
+  EXPECT_NE(table.find(": running"), std::string::npos) << table;
+  EXPECT_NE(table.find("rank  host"), std::string::npos) << table;
+  job.signal(SIGINT);
+  EXPECT_EQ(job.wait(60), 1) << job.output();
+  EXPECT_FALSE(std::filesystem::exists(run + "/.token")) << "the token stays only while the job runs";
+  auto after = run_lockstep({"status", run}, dir.path(), 15);
+  EXPECT_EQ(after.exit_code, 0) << after.output;
+  EXPECT_NE(after.output.find("cancelled, not running"), std::string::npos) << after.output;
+  auto nowhere = run_lockstep({"status", dir.path()}, dir.path(), 15);
+  EXPECT_EQ(nowhere.exit_code, 2) << nowhere.output;
+  EXPECT_NE(nowhere.output.find("not a run folder"), std::string::npos) << nowhere.output;
 }
 
 }  // namespace
