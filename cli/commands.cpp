@@ -1,5 +1,7 @@
 #include "cli/commands.h"
 
+#include "coordinator/metrics_endpoint.h"
+
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -93,6 +95,16 @@ class StatusHandle {
   std::string folder_;
 };
 
+// --metrics: the coordinator's status for Prometheus, while `coordinator` lives.
+std::unique_ptr<MetricsEndpoint> serve_metrics(const std::string& address, CoordinatorServer& coordinator) {
+  if (address.empty()) return nullptr;
+  return std::make_unique<MetricsEndpoint>(address, [&coordinator] {
+    v1::StatusReply reply;
+    coordinator.job_state().status(&reply);
+    return reply;
+  });
+}
+
 int env_int(const char* name, int fallback) {
   const char* text = std::getenv(name);
   if (!text || !*text) return fallback;
@@ -162,7 +174,7 @@ int torchrun_worker(const std::string& job_file, const std::vector<std::string>&
 }  // namespace
 
 int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc,
-                const std::string& resume_dir) {
+                const std::string& resume_dir, const std::string& metrics_address) {
   std::vector<std::string> passed_on = overrides;
   const ResumePlan resume = plan_resume(resume_dir, passed_on);
   const std::string& resumed_id = resume.run_id;
@@ -205,6 +217,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   };
   CoordinatorServer coordinator(coordinator_options, job);
   coordinator.start();
+  const auto metrics = serve_metrics(metrics_address, coordinator);
   options.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
   // `lockstep status RUN_DIR` finds the job from its folder: the address,
   // and the token in a file only this user reads; both go when the job ends.
@@ -308,6 +321,7 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
   const std::string id = !resumed_id.empty() ? resumed_id : !run_id.empty() ? run_id : new_run_id(config.job.name);
   CoordinatorServer coordinator(options, job_options(config, id));
   coordinator.start();
+  const auto metrics = serve_metrics(serve.metrics, coordinator);
   std::thread([&coordinator] {
     for (int received; (received = next_signal()) > 0;) {
       if (received == SIGUSR1) coordinator.stop("the coordinator received SIGUSR1");
@@ -589,7 +603,9 @@ nlohmann::json status_json(const v1::StatusReply& reply) {
           {"generation", int64_t(reply.generation())}, {"restarts", reply.restarts()},
           {"max_restarts", reply.max_restarts()}, {"failure", reply.failure()},
           {"last_audit", reply.last_audit()}, {"last_eval", reply.last_eval()},
-          {"bad_files_skipped", reply.bad_files_skipped()}, {"ranks", ranks}};
+          {"bad_files_skipped", reply.bad_files_skipped()}, {"audits", reply.audits()},
+          {"audit_disagreements", reply.audit_disagreements()}, {"first_drift_step", reply.first_drift_step()},
+          {"ranks", ranks}};
 }
 
 int status_command(ConnectionFlags connection, const std::string& run_dir, bool json) {

@@ -20,12 +20,13 @@ struct ServeFlags {  // lockstep coordinator
   std::string listen = "127.0.0.1:50051";  // HOST:PORT
   std::string token_file;                  // else LOCKSTEP_TOKEN
   std::string tls_cert, tls_key;           // both, or neither for plaintext
+  std::string metrics;                     // HOST:PORT for Prometheus's scrapes; "" = none
   std::string resume_dir;
   std::string run_id;  // the run folder's name; "" for a new one
 };
 
 int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc,
-                const std::string& resume_dir);
+                const std::string& resume_dir, const std::string& metrics_address);
 int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,
                         const ServeFlags& serve);
 int worker_command(const std::string& job_file, const std::vector<std::string>& overrides,

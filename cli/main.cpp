@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   run->add_option("--set", overrides, "override a job key: --set optim.lr=0.1");
   run->add_option("--resume", resume_dir,
                   "continue the run in RUN_DIR from its newest valid checkpoint");
+  run->add_option("--metrics", serve.metrics, "HOST:PORT: serve Prometheus metrics at /metrics while the job runs");
 
   auto* coordinator = app.add_subcommand("coordinator", "serve one job to workers that join");
   coordinator->add_option("job", job_file, "job file (TOML)")->required();
@@ -47,6 +48,8 @@ int main(int argc, char** argv) {
   coordinator->add_option("--token-file", serve.token_file,
                           "file holding the job token (else LOCKSTEP_TOKEN)");
   coordinator->add_option("--tls-cert", serve.tls_cert, "PEM certificate: serve TLS");
+  coordinator->add_option("--metrics", serve.metrics,
+                          "HOST:PORT: serve Prometheus metrics at /metrics (port 0: any free port)");
   coordinator->add_option("--tls-key", serve.tls_key, "PEM private key of --tls-cert");
   coordinator->add_option("--resume", serve.resume_dir,
                           "continue the run in RUN_DIR from its newest valid checkpoint");
@@ -106,7 +109,7 @@ int main(int argc, char** argv) {
   }
 
   try {
-    if (run->parsed()) return run_command(job_file, overrides, nproc, resume_dir);
+    if (run->parsed()) return run_command(job_file, overrides, nproc, resume_dir, serve.metrics);
     if (coordinator->parsed())
       return coordinator_command(job_file, overrides, serve);
     if (status->parsed()) return status_command(connection, run_dir, json);

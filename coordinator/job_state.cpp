@@ -576,6 +576,9 @@ void JobState::status(v1::StatusReply* reply) const {
   int64_t skipped = files_skipped_before_training_;
   for (const auto& w : workers_) skipped += w.files_skipped_in_batches;
   reply->set_bad_files_skipped(skipped);
+  reply->set_audits(audits_);
+  reply->set_audit_disagreements(drifted_audits_);
+  reply->set_first_drift_step(first_drift_step_);
   reply->set_restarts(int(restarts_.size()));
   reply->set_max_restarts(options_.max_restarts);
   std::vector<const Worker*> by_rank;

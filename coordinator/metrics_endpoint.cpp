@@ -1,0 +1,157 @@
+#include "coordinator/metrics_endpoint.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/errors.h"
+
+namespace lockstep {
+namespace {
+
+// Label values escaped as the text format asks: backslash, quote, newline.
+std::string label(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string prometheus_text(const v1::StatusReply& s) {
+  std::ostringstream out;
+  out.precision(17);
+  const std::string run = "run=\"" + label(s.run_id()) + "\"";
+  auto gauge = [&](const std::string& name, const std::string& help, const std::string& type) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  };
+  gauge("lockstep_up", "1 for the job's current state", "gauge");
+  out << "lockstep_up{" << run << ",state=\"" << label(s.state()) << "\"} 1\n";
+  const std::pair<const char*, std::pair<const char*, double>> job[] = {
+      {"lockstep_world_size", {"ranks the job trains on", s.world_size()}},
+      {"lockstep_joined_workers", {"workers joined so far", s.joined()}},
+      {"lockstep_generation", {"the current generation (1 + restarts)", double(s.generation())}},
+      {"lockstep_first_drift_step", {"the first audited step where the ranks were apart; -1 none", double(s.first_drift_step())}},
+  };
+  for (const auto& [name, what] : job) {
+    gauge(name, what.first, "gauge");
+    out << name << "{" << run << "} " << what.second << "\n";
+  }
+  const std::pair<const char*, std::pair<const char*, double>> counters[] = {
+      {"lockstep_restarts_total", {"generations restarted", s.restarts()}},
+      {"lockstep_audits_total", {"audited steps", double(s.audits())}},
+      {"lockstep_audit_disagreements_total", {"audits that found the ranks apart", double(s.audit_disagreements())}},
+      {"lockstep_bad_files_skipped_total", {"data files left out (data.bad_files = skip)", double(s.bad_files_skipped())}},
+  };
+  for (const auto& [name, what] : counters) {
+    gauge(name, what.first, "counter");
+    out << name << "{" << run << "} " << what.second << "\n";
+  }
+  const std::pair<const char*, const char*> per_rank[] = {
+      {"lockstep_rank_step", "optimizer steps the rank finished"},
+      {"lockstep_rank_loss", "the latest mean training loss over the global batch"},
+      {"lockstep_rank_samples_per_second", "global samples per second, recent window"},
+      {"lockstep_rank_heartbeat_age_seconds", "seconds since the rank's last heartbeat"},
+  };
+  for (const auto& [name, help] : per_rank) {
+    gauge(name, help, "gauge");
+    for (const auto& r : s.ranks()) {
+      const double value = std::string(name) == "lockstep_rank_step" ? double(r.step())
+                           : std::string(name) == "lockstep_rank_loss" ? r.loss()
+                           : std::string(name) == "lockstep_rank_samples_per_second" ? r.samples_per_s()
+                                                                                     : r.heartbeat_age_s();
+      out << name << "{" << run << ",rank=\"" << r.rank() << "\",host=\"" << label(r.host()) << "\"} " << value << "\n";
+    }
+  }
+  return out.str();
+}
+
+MetricsEndpoint::MetricsEndpoint(const std::string& host_port, std::function<v1::StatusReply()> status)
+    : status_(std::move(status)) {
+  const auto colon = host_port.rfind(':');
+  if (colon == std::string::npos)
+    throw InputError("--metrics " + host_port + ": HOST:PORT is needed (127.0.0.1:9400; port 0: any free port)");
+  std::string host = host_port.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  if (::getaddrinfo(host.empty() ? nullptr : host.c_str(), host_port.substr(colon + 1).c_str(), &hints, &found) != 0 ||
+      !found)
+    throw InputError("--metrics " + host_port + ": not an address this host can listen on");
+  listener_ = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  const bool bound = listener_ >= 0 && ::bind(listener_, found->ai_addr, found->ai_addrlen) == 0 &&
+                     ::listen(listener_, 16) == 0;
+  const int error = errno;
+  ::freeaddrinfo(found);
+  if (!bound) {
+    if (listener_ >= 0) ::close(listener_);
+    throw InputError("--metrics " + host_port + ": cannot listen (" + std::strerror(error) + ")");
+  }
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  ::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length);
+  port_ = ntohs(address.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&address)->sin6_port
+                                              : reinterpret_cast<sockaddr_in*>(&address)->sin_port);
+  thread_ = std::thread([this] { serve(); });
+  spdlog::info("coordinator: metrics on http://{}:{}/metrics (Prometheus text format)", host.empty() ? "*" : host, port_);
+}
+
+MetricsEndpoint::~MetricsEndpoint() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (listener_ >= 0) ::close(listener_);
+}
+
+void MetricsEndpoint::serve() {
+  while (!stopping_) {
+    pollfd waiting{listener_, POLLIN, 0};
+    if (::poll(&waiting, 1, 200) <= 0) continue;
+    const int client = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (client < 0) continue;
+    answer(client);
+    ::close(client);
+  }
+}
+
+void MetricsEndpoint::answer(int client) {
+  // The request line is all that matters; a slow or silent client gets 2 s.
+  std::string request;
+  char buffer[2048];
+  while (request.find("\r\n\r\n") == std::string::npos && request.size() < 16384) {
+    pollfd readable{client, POLLIN, 0};
+    if (::poll(&readable, 1, 2000) <= 0) return;
+    const ssize_t got = ::recv(client, buffer, sizeof buffer, 0);
+    if (got <= 0) break;
+    request.append(buffer, size_t(got));
+  }
+  const bool metrics = request.rfind("GET /metrics ", 0) == 0 || request.rfind("GET /metrics?", 0) == 0;
+  std::string body = metrics ? prometheus_text(status_()) : "not found: the metrics are at /metrics\n";
+  std::string response = std::string(metrics ? "HTTP/1.1 200 OK\r\n" : "HTTP/1.1 404 Not Found\r\n") +
+                         "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: " +
+                         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  for (size_t sent = 0; sent < response.size();) {
+    const ssize_t n = ::send(client, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    sent += size_t(n);
+  }
+}
+
+}  // namespace lockstep

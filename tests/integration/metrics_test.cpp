@@ -1,0 +1,95 @@
+// The coordinator's Prometheus endpoint, scraped over a real socket while
+// two real workers train: the documented series, and values that match
+// what `lockstep status` says at the same time.
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <regex>
+
+#include <gtest/gtest.h>
+
+#include "integration/cluster.h"
+#include "integration/jobs.h"
+
+namespace lockstep::testing {
+namespace {
+
+std::string http_get(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(uint16_t(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string response;
+  char buffer[4096];
+  for (ssize_t got; (got = ::recv(fd, buffer, sizeof buffer, 0)) > 0;) response.append(buffer, size_t(got));
+  ::close(fd);
+  return response;
+}
+
+// The value of the series line that starts with `prefix` ("lockstep_rank_step{...rank=\"1\"").
+double value_of(const std::string& text, const std::string& prefix) {
+  const size_t at = text.find("\n" + prefix);
+  if (at == std::string::npos) return -1e300;
+  const size_t line_end = text.find('\n', at + 1);
+  const std::string line = text.substr(at + 1, line_end - at - 1);
+  return std::stod(line.substr(line.rfind(' ') + 1));
+}
+
+TEST(Metrics, AScrapeDuringARunHasTheSeriesAndMatchesStatus) {
+  TempDir dir;
+  Cluster cluster(dir, {"job.steps=200000", "audit.every=50", "fault.heartbeat_s=0.1"}, {"--metrics", "127.0.0.1:0"});
+  std::smatch match;
+  const std::string out = cluster.coordinator->output();
+  ASSERT_TRUE(std::regex_search(out, match, std::regex("metrics on http://127.0.0.1:([0-9]+)/metrics"))) << out;
+  const int port = std::stoi(match[1]);
+  cluster.add_worker();
+  cluster.add_worker();
+  ASSERT_TRUE(cluster.wait_for_steps(120, 60)) << cluster.coordinator->output();
+  const v1::StatusReply before = cluster.status();
+  const std::string scrape = http_get(port, "/metrics");
+  const v1::StatusReply after = cluster.status();
+  ASSERT_NE(scrape.find("HTTP/1.1 200 OK"), std::string::npos) << scrape;
+  EXPECT_NE(scrape.find("Content-Type: text/plain; version=0.0.4"), std::string::npos) << scrape;
+  const std::string run = "{run=\"" + after.run_id() + "\"";
+  EXPECT_NE(scrape.find("lockstep_up{run=\"" + after.run_id() + "\",state=\"running\"} 1"), std::string::npos) << scrape;
+  EXPECT_EQ(value_of(scrape, "lockstep_world_size" + run), 2);
+  EXPECT_EQ(value_of(scrape, "lockstep_joined_workers" + run), after.joined());
+  EXPECT_EQ(value_of(scrape, "lockstep_generation" + run), double(after.generation()));
+  EXPECT_EQ(value_of(scrape, "lockstep_restarts_total" + run), after.restarts());
+  EXPECT_EQ(value_of(scrape, "lockstep_first_drift_step" + run), -1);
+  EXPECT_EQ(value_of(scrape, "lockstep_audit_disagreements_total" + run), 0);
+  const double audits = value_of(scrape, "lockstep_audits_total" + run);
+  EXPECT_GE(audits, double(before.audits()));
+  EXPECT_LE(audits, double(after.audits()));
+  EXPECT_GE(audits, 2) << "audits at step 1 and every 50";
+  for (const auto& rank : after.ranks()) {
+    const std::string labels = "{run=\"" + after.run_id() + "\",rank=\"" + std::to_string(rank.rank()) + "\"";
+    const double step = value_of(scrape, "lockstep_rank_step" + labels);
+    EXPECT_GE(step, double(before.ranks(rank.rank()).step())) << "rank " << rank.rank();
+    EXPECT_LE(step, double(rank.step())) << "rank " << rank.rank();
+    EXPECT_GT(value_of(scrape, "lockstep_rank_loss" + labels), 0) << scrape;
+    EXPECT_GT(value_of(scrape, "lockstep_rank_samples_per_second" + labels), 0) << scrape;
+    const double age = value_of(scrape, "lockstep_rank_heartbeat_age_seconds" + labels);
+    EXPECT_GE(age, 0);
+    EXPECT_LT(age, 5) << scrape;
+  }
+  for (const char* documented : {"# TYPE lockstep_restarts_total counter", "# TYPE lockstep_rank_loss gauge",
+                                 "# HELP lockstep_audit_disagreements_total"})
+    EXPECT_NE(scrape.find(documented), std::string::npos) << documented;
+  EXPECT_NE(http_get(port, "/").find("404 Not Found"), std::string::npos);
+  cluster.coordinator->signal(SIGINT);
+  EXPECT_EQ(cluster.coordinator->wait(30), 1) << cluster.coordinator->output();
+}
+
+}  // namespace
+}  // namespace lockstep::testing
