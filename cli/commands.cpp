@@ -605,10 +605,46 @@ nlohmann::json status_json(const v1::StatusReply& reply) {
           {"last_audit", reply.last_audit()}, {"last_eval", reply.last_eval()},
           {"bad_files_skipped", reply.bad_files_skipped()}, {"audits", reply.audits()},
           {"audit_disagreements", reply.audit_disagreements()}, {"first_drift_step", reply.first_drift_step()},
+          {"total_steps", reply.total_steps()}, {"eta_s", reply.eta_s()},
           {"ranks", ranks}};
 }
 
-int status_command(ConnectionFlags connection, const std::string& run_dir, bool json) {
+namespace {
+
+std::string duration_text(double seconds) {
+  const int64_t s = int64_t(seconds + 0.5);
+  return s >= 3600 ? fmt::format("{}h{:02d}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02d}s", s / 60, s % 60);
+}
+
+void print_status(const v1::StatusReply& reply) {
+  std::printf("run %s: %s, generation %lld (restarts %d of %d allowed), %d of %d joined%s%s\n",
+              reply.run_id().c_str(), reply.state().c_str(),
+              static_cast<long long>(reply.generation()), reply.restarts(), reply.max_restarts(),
+              reply.joined(), reply.world_size(), reply.failure().empty() ? "" : "\nfailure: ",
+              reply.failure().c_str());
+  if (reply.total_steps() > 0) {
+    int64_t slowest = reply.total_steps();
+    for (const auto& r : reply.ranks()) slowest = std::min<int64_t>(slowest, r.step());
+    std::printf("progress: step %lld of %lld (%.0f%%), ETA %s\n", static_cast<long long>(slowest),
+                static_cast<long long>(reply.total_steps()), 100.0 * double(slowest) / double(reply.total_steps()),
+                reply.eta_s() >= 0 ? duration_text(reply.eta_s()).c_str() : "not yet known");
+  }
+  if (!reply.last_audit().empty()) std::printf("last audit: %s\n", reply.last_audit().c_str());
+  if (!reply.last_eval().empty()) std::printf("last eval: %s\n", reply.last_eval().c_str());
+  if (reply.bad_files_skipped() > 0)
+    std::printf("bad files skipped: %lld (data.bad_files = skip; listed in the run's manifest.json)\n",
+                static_cast<long long>(reply.bad_files_skipped()));
+  std::printf("%4s  %-20s %8s %8s %9s %10s %8s  %s\n", "rank", "host", "pid", "step", "loss",
+              "samples/s", "hb age", "state");
+  for (const auto& r : reply.ranks())
+    std::printf("%4d  %-20s %8d %8lld %9.4f %10.0f %7.1fs  %s (%s)\n", r.rank(), r.host().c_str(),
+                r.pid(), static_cast<long long>(r.step()), r.loss(), r.samples_per_s(),
+                r.heartbeat_age_s(), r.state().c_str(), r.phase().c_str());
+}
+
+}  // namespace
+
+int status_command(ConnectionFlags connection, const std::string& run_dir, bool json, bool watch) {
   if (!run_dir.empty() && connection.coordinator.empty()) {
     const std::string address_file = run_dir + "/" + kAddressFile;
     if (!std::filesystem::exists(address_file)) {
@@ -637,31 +673,31 @@ int status_command(ConnectionFlags connection, const std::string& run_dir, bool 
   check_connection(connection);
   CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
                             connection.tls_ca});
-  v1::StatusReply reply;
-  grpc::Status status = client.status(&reply, milliseconds(5000));
-  if (!status.ok())
-    throw RunError("cannot get the status from " + connection.coordinator + ": " + describe(status));
-  if (json) {
-    std::printf("%s\n", status_json(reply).dump(2).c_str());
-    return 0;
+  const bool terminal = ::isatty(STDOUT_FILENO);
+  for (;;) {
+    v1::StatusReply reply;
+    grpc::Status status = client.status(&reply, milliseconds(5000));
+    if (!status.ok()) {
+      // Under --watch a job that ended and took its coordinator along is the end of watching.
+      if (watch && (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                    status.error_code() == grpc::StatusCode::CANCELLED)) {
+        std::printf("the coordinator at %s is gone: the job has ended%s\n", connection.coordinator.c_str(),
+                    run_dir.empty() ? "" : (" (lockstep status " + run_dir + " shows its outcome)").c_str());
+        return 0;
+      }
+      throw RunError("cannot get the status from " + connection.coordinator + ": " + describe(status));
+    }
+    if (json) {
+      std::printf("%s\n", status_json(reply).dump(watch ? -1 : 2).c_str());
+    } else {
+      if (watch && terminal) std::printf("\x1b[H\x1b[2J");  // redraw in place
+      print_status(reply);
+    }
+    std::fflush(stdout);
+    if (!watch || (reply.state() != "waiting" && reply.state() != "running")) return 0;
+    std::this_thread::sleep_for(milliseconds(1000));
+    if (!terminal && !json) std::printf("\n");
   }
-  std::printf("run %s: %s, generation %lld (restarts %d of %d allowed), %d of %d joined%s%s\n",
-              reply.run_id().c_str(), reply.state().c_str(),
-              static_cast<long long>(reply.generation()), reply.restarts(), reply.max_restarts(),
-              reply.joined(), reply.world_size(), reply.failure().empty() ? "" : "\nfailure: ",
-              reply.failure().c_str());
-  if (!reply.last_audit().empty()) std::printf("last audit: %s\n", reply.last_audit().c_str());
-  if (!reply.last_eval().empty()) std::printf("last eval: %s\n", reply.last_eval().c_str());
-  if (reply.bad_files_skipped() > 0)
-    std::printf("bad files skipped: %lld (data.bad_files = skip; listed in the run's manifest.json)\n",
-                static_cast<long long>(reply.bad_files_skipped()));
-  std::printf("%4s  %-20s %8s %8s %9s %10s %8s  %s\n", "rank", "host", "pid", "step", "loss",
-              "samples/s", "hb age", "state");
-  for (const auto& r : reply.ranks())
-    std::printf("%4d  %-20s %8d %8lld %9.4f %10.0f %7.1fs  %s (%s)\n", r.rank(), r.host().c_str(),
-                r.pid(), static_cast<long long>(r.step()), r.loss(), r.samples_per_s(),
-                r.heartbeat_age_s(), r.state().c_str(), r.phase().c_str());
-  return 0;
 }
 
 }  // namespace lockstep

@@ -33,7 +33,8 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
                    const ConnectionFlags& connection, std::chrono::steady_clock::time_point start);
 // --coordinator, or RUN_DIR of a `lockstep run` job (its address and token
 // are in the folder while it runs; after, the manifest's outcome).
-int status_command(ConnectionFlags connection, const std::string& run_dir, bool json);
+// watch: print again every second until the job ends (redrawn in place on a terminal).
+int status_command(ConnectionFlags connection, const std::string& run_dir, bool json, bool watch);
 int audit_command(const std::string& run_dir, bool json);
 
 // lockstep probe: the table of what each precision costs here, cached per

@@ -74,6 +74,8 @@ int main(int argc, char** argv) {
   status->add_option("run_dir", run_dir, "the run folder of a `lockstep run` job (instead of --coordinator)");
   add_connection(status, false);
   status->add_flag("--json", json, "print JSON for scripts");
+  bool watch = false;
+  status->add_flag("--watch", watch, "print again every second until the job ends");
 
   auto* audit = app.add_subcommand("audit", "offline: did the ranks of a run agree at every audit?");
   audit->add_option("run_dir", run_dir, "the run folder, runs/<run-id>")->required();
@@ -112,7 +114,7 @@ int main(int argc, char** argv) {
     if (run->parsed()) return run_command(job_file, overrides, nproc, resume_dir, serve.metrics);
     if (coordinator->parsed())
       return coordinator_command(job_file, overrides, serve);
-    if (status->parsed()) return status_command(connection, run_dir, json);
+    if (status->parsed()) return status_command(connection, run_dir, json, watch);
     if (audit->parsed()) return audit_command(run_dir, json);
     if (probe->parsed()) return probe_command(candidate, force, json);
     if (config->parsed()) return config_command(job_file, overrides, json);

@@ -308,6 +308,11 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
   if (!request.eval().empty()) last_eval_ = request.eval().substr(0, 1000);
   files_skipped_before_training_ = std::max(files_skipped_before_training_, request.files_skipped_before_training());
   w->files_skipped_in_batches = request.files_skipped_in_batches();
+  w->total_steps = request.total_steps();
+  if (w->pace_from_step < 0 && request.step() > 0) {
+    w->pace_from_step = request.step();
+    w->pace_from = now;
+  }
   record_audits_locked(request.rank(), audits);
   if (state_ == State::kFailed) {
     reply->set_command(v1::HeartbeatReply::ABORT);
@@ -579,6 +584,17 @@ void JobState::status(v1::StatusReply* reply) const {
   reply->set_audits(audits_);
   reply->set_audit_disagreements(drifted_audits_);
   reply->set_first_drift_step(first_drift_step_);
+  // ETA: the slowest rank at its own pace since its first step was heard of.
+  int64_t total = 0;
+  double eta = -1;
+  for (const auto& w : workers_) {
+    total = std::max(total, w.total_steps);
+    const double seconds = seconds_between(w.pace_from, now);
+    if (w.total_steps > 0 && w.pace_from_step >= 0 && w.step > w.pace_from_step && seconds > 0)
+      eta = std::max(eta, double(w.total_steps - w.step) * seconds / double(w.step - w.pace_from_step));
+  }
+  reply->set_total_steps(total);
+  reply->set_eta_s(state_ == State::kRunning ? eta : -1);
   reply->set_restarts(int(restarts_.size()));
   reply->set_max_restarts(options_.max_restarts);
   std::vector<const Worker*> by_rank;

@@ -141,6 +141,9 @@ class JobState {
     std::string phase;
     std::string audit;
     int64_t files_skipped_in_batches = 0;  // data.bad_files = skip, this rank
+    int64_t total_steps = 0;               // what the rank trains to; 0 unknown
+    int64_t pace_from_step = -1;           // the first step heard of in training, and when
+    Clock::time_point pace_from{};
     bool told_to_abort = false;
     std::string error;
     nlohmann::json metrics;

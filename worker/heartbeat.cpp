@@ -66,6 +66,11 @@ void HeartbeatLoop::on_step(int64_t step, double loss, double samples_per_s) {
   latest_.set_samples_per_s(samples_per_s);
 }
 
+void HeartbeatLoop::on_total_steps(int64_t total) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  latest_.set_total_steps(total);
+}
+
 void HeartbeatLoop::on_eval(const std::string& summary) {
   std::lock_guard<std::mutex> lock(mutex_);
   latest_.set_eval(summary.substr(0, 1000));

@@ -43,6 +43,7 @@ class HeartbeatLoop : public RunObserver {
 
   void on_phase(const std::string& phase) override;
   void on_step(int64_t step, double loss, double samples_per_s) override;
+  void on_total_steps(int64_t total) override;
   void on_audit(const nlohmann::json& summary) override;
   void on_eval(const std::string& summary) override;
   void on_skipped_files(int64_t before_training, int64_t in_batches) override;

@@ -19,6 +19,8 @@ class RunObserver {
   virtual void on_step(int64_t step, double loss, double samples_per_s) {
     (void)step, (void)loss, (void)samples_per_s;
   }
+  // Once training starts: the optimizer steps this run ends at.
+  virtual void on_total_steps(int64_t total) { (void)total; }
   // After every evaluation: "step N: test loss ..., accuracy ..." (the same on every rank).
   virtual void on_eval(const std::string& summary) { (void)summary; }
   // Files left out under data.bad_files = skip: before training (the same

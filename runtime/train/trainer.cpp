@@ -150,6 +150,7 @@ StepLoop::StepLoop(TrainerParts& parts)
   batches_.emplace(parts_.data.train, parts_.rank, parts_.world_size, uint64_t(config.job.seed),
                    config.data.batch_size, int(config.data.prefetch), microbatches_done_, &*augmenter_);
   steps_ = total_steps(config, batches_->batches_per_epoch());
+  if (parts_.observer) parts_.observer->on_total_steps(steps_);
   if (parts_.resume && first_step_ > steps_)
     throw InputError("the checkpoint to resume is at step " + std::to_string(first_step_) + ", past the " +
                      std::to_string(steps_) + " steps this job trains (job.steps / job.epochs); give more "

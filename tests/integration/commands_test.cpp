@@ -76,6 +76,15 @@ TEST(Commands, StatusFindsALockstepRunJobFromItsFolder) {
   EXPECT_NE(table.find("run watched-"), std::string::npos) << table;
   EXPECT_NE(table.find(": running"), std::string::npos) << table;
   EXPECT_NE(table.find("rank  host"), std::string::npos) << table;
+  // The pace needs two heartbeats in training.
+  for (int i = 0; i < 100 && (table.find("ETA ") == std::string::npos ||
+                              table.find("ETA not yet known") != std::string::npos); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    table = run_lockstep({"status", run}, dir.path(), 15).output;
+  }
+  EXPECT_NE(table.find(" of 100000 ("), std::string::npos) << table;
+  EXPECT_NE(table.find("ETA "), std::string::npos) << table;
+  EXPECT_EQ(table.find("ETA not yet known"), std::string::npos) << table;
   job.signal(SIGINT);
   EXPECT_EQ(job.wait(60), 1) << job.output();
   EXPECT_FALSE(std::filesystem::exists(run + "/.token")) << "the token stays only while the job runs";
@@ -85,6 +94,29 @@ TEST(Commands, StatusFindsALockstepRunJobFromItsFolder) {
   auto nowhere = run_lockstep({"status", dir.path()}, dir.path(), 15);
   EXPECT_EQ(nowhere.exit_code, 2) << nowhere.output;
   EXPECT_NE(nowhere.output.find("not a run folder"), std::string::npos) << nowhere.output;
+}
+
+// --watch prints again every second and returns by itself when the job ends.
+TEST(Commands, StatusWatchFollowsAJobToItsEnd) {
+  TempDir dir;
+  LockstepProcess job(synthetic_run(dir, 2, {"job.steps=1500", "job.name=followed"}), dir.path());
+  std::string run;
+  for (int i = 0; i < 300 && run.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (std::filesystem::exists(dir.path() + "/runs"))
+      for (const auto& entry : std::filesystem::directory_iterator(dir.path() + "/runs"))
+        if (std::filesystem::exists(entry.path() / "coordinator-address")) run = entry.path();
+  }
+  ASSERT_FALSE(run.empty()) << job.output();
+  auto watched = run_lockstep({"status", run, "--watch"}, dir.path(), 120);
+  EXPECT_EQ(watched.exit_code, 0) << watched.output;
+  EXPECT_EQ(job.wait(60), 0) << job.output();
+  size_t tables = 0;
+  for (size_t at = 0; (at = watched.output.find("rank  host", at)) != std::string::npos; ++at) ++tables;
+  EXPECT_GE(tables, 2u) << watched.output;
+  EXPECT_TRUE(watched.output.find(": completed") != std::string::npos ||
+              watched.output.find("is gone: the job has ended") != std::string::npos)
+      << watched.output;
 }
 
 }  // namespace

@@ -48,6 +48,7 @@ double value_of(const std::string& text, const std::string& prefix) {
 TEST(Metrics, AScrapeDuringARunHasTheSeriesAndMatchesStatus) {
   TempDir dir;
   Cluster cluster(dir, {"job.steps=200000", "audit.every=50", "fault.heartbeat_s=0.1"}, {"--metrics", "127.0.0.1:0"});
+  ASSERT_TRUE(cluster.coordinator->wait_for_output("/metrics (Prometheus", 30)) << cluster.coordinator->output();
   std::smatch match;
   const std::string out = cluster.coordinator->output();
   ASSERT_TRUE(std::regex_search(out, match, std::regex("metrics on http://127.0.0.1:([0-9]+)/metrics"))) << out;
