@@ -85,7 +85,8 @@ class StepLoop {
   std::unique_ptr<optim::Optimizer> optimizer_;
   CheckpointStore checkpoints_;
   int64_t first_step_ = 0, microbatches_done_ = 0, last_epoch_ = 0;
-  int64_t skipped_reported_ = -1;  // rows skipped in batches, as last told to the observer
+  int64_t skipped_reported_ = -1;
+  int64_t log_every_ = 1;          // job.log_every, or about a tenth of a short run  // rows skipped in batches, as last told to the observer
   std::optional<Augmenter> augmenter_;  // before batches_: the stream uses it
   std::optional<BatchStream> batches_;
   int64_t steps_ = 0;
@@ -196,7 +197,18 @@ StepLoop::StepLoop(TrainerParts& parts)
                               "logged loss is comparable across world sizes");
   buffers_.emplace(config.comm.buffers, model_.buffers(), parts_.data_group);
   parts_.decisions.record("buffers", buffers_->value(), buffers_->reason());
-  progress_.emplace(steps_, parts_.terminal, config.job.log_every);
+  // A short run with the default job.log_every would log a point or two:
+  // about 10 points over the run instead, said as a decision.
+  log_every_ = config.job.log_every;
+  const auto source = config.sources.find("job.log_every");
+  if ((source == config.sources.end() || source->second == "default") && steps_ < 10 * log_every_) {
+    log_every_ = std::max<int64_t>(1, steps_ / 10);
+    parts_.decisions.record("job.log_every", std::to_string(log_every_),
+                            "the default " + std::to_string(config.job.log_every) + " would give " +
+                                std::to_string(steps_ / config.job.log_every) + " point(s) in " +
+                                std::to_string(steps_) + " steps; about 10 instead (set job.log_every to choose)");
+  }
+  progress_.emplace(steps_, parts_.terminal, log_every_);
   checkpoints_on_ = config.checkpoint.every > 0 && !parts_.checkpoint_dir.empty();
   if (config.checkpoint.every > 0 && !parts_.control)
     throw RunError("checkpoint.every is set but this trainer has no control group to agree on "
@@ -345,7 +357,7 @@ void StepLoop::log_step(int64_t step, double lr, double global_valid, double sec
     if (skipped != skipped_reported_)
       parts_.observer->on_skipped_files(int64_t(parts_.data.bad_files.size()), skipped_reported_ = skipped);
   }
-  if ((step + 1) % config_.job.log_every == 0 || step + 1 == steps_) {
+  if ((step + 1) % log_every_ == 0 || step + 1 == steps_) {
     result_.final_loss = mean_loss;
     parts_.events.write({{"event", "step"},
                          {"step", step + 1},

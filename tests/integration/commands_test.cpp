@@ -14,6 +14,18 @@
 namespace lockstep::testing {
 namespace {
 
+// The run folder under `runs` of a `lockstep run` job once it can be found
+// from there (its coordinator address is written); "" after 30 s.
+std::string running_folder(const std::string& runs) {
+  for (int i = 0; i < 300; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::error_code missing;
+    for (const auto& entry : std::filesystem::directory_iterator(runs, missing))
+      if (std::filesystem::exists(entry.path() / "coordinator-address")) return entry.path();
+  }
+  return "";
+}
+
 TEST(Commands, VersionConfigThatReadsBackAndKeys) {
   TempDir dir;
   auto version = run_lockstep({"--version"}, dir.path(), 30);
@@ -58,13 +70,7 @@ TEST(Commands, VersionConfigThatReadsBackAndKeys) {
 TEST(Commands, StatusFindsALockstepRunJobFromItsFolder) {
   TempDir dir;
   LockstepProcess job(synthetic_run(dir, 2, {"job.steps=100000", "job.name=watched"}), dir.path());
-  std::string run;
-  for (int i = 0; i < 300 && run.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (std::filesystem::exists(dir.path() + "/runs"))
-      for (const auto& entry : std::filesystem::directory_iterator(dir.path() + "/runs"))
-        if (std::filesystem::exists(entry.path() / "coordinator-address")) run = entry.path();
-  }
+  const std::string run = running_folder(dir.path() + "/runs");
   ASSERT_FALSE(run.empty()) << job.output();
   EXPECT_EQ(std::filesystem::status(run + "/.token").permissions() & std::filesystem::perms::all,
             std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
@@ -100,13 +106,7 @@ TEST(Commands, StatusFindsALockstepRunJobFromItsFolder) {
 TEST(Commands, StatusWatchFollowsAJobToItsEnd) {
   TempDir dir;
   LockstepProcess job(synthetic_run(dir, 2, {"job.steps=1500", "job.name=followed"}), dir.path());
-  std::string run;
-  for (int i = 0; i < 300 && run.empty(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    if (std::filesystem::exists(dir.path() + "/runs"))
-      for (const auto& entry : std::filesystem::directory_iterator(dir.path() + "/runs"))
-        if (std::filesystem::exists(entry.path() / "coordinator-address")) run = entry.path();
-  }
+  const std::string run = running_folder(dir.path() + "/runs");
   ASSERT_FALSE(run.empty()) << job.output();
   auto watched = run_lockstep({"status", run, "--watch"}, dir.path(), 120);
   EXPECT_EQ(watched.exit_code, 0) << watched.output;
