@@ -37,13 +37,7 @@
 #include "worker/worker.h"
 
 namespace lockstep {
-namespace {
 
-using std::chrono::milliseconds;
-
-milliseconds to_ms(double seconds) { return milliseconds(int64_t(seconds * 1000.0)); }
-
-// --coordinator and --tls-ca, checked before dialling.
 void check_connection(const ConnectionFlags& connection) {
   check_host_port(connection.coordinator, "--coordinator", /*must_resolve=*/false);
   if (!connection.tls_ca.empty()) check_tls_ca(connection.tls_ca);
@@ -64,9 +58,11 @@ std::string resolve_token(const std::string& token_file) {
                    "workers need the same one)");
 }
 
-// Files in a `lockstep run` job's folder while it runs.
-constexpr const char* kAddressFile = "coordinator-address";
-constexpr const char* kTokenFile = ".token";
+namespace {
+
+using std::chrono::milliseconds;
+
+milliseconds to_ms(double seconds) { return milliseconds(int64_t(seconds * 1000.0)); }
 
 // Leaves the job's address and token in its folder for `lockstep status
 // RUN_DIR`, and takes them away at the end. A failure to write only costs that.
@@ -521,34 +517,6 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
   }
 }
 
-int config_command(const std::string& job_file, const std::vector<std::string>& overrides, bool json) {
-  spdlog::set_level(spdlog::level::warn);  // stdout is the configuration; decisions are in its comments
-  const JobConfig config = load_job_config(job_file, overrides);
-  if (json) {
-    std::printf("%s\n", nlohmann::json({{"config", to_json(config)}, {"sources", config.sources}}).dump(1).c_str());
-    return 0;
-  }
-  std::string text = effective_toml(config);
-  for (const auto& d : config.decisions) text += "# Decision: " + d.what + " = " + d.value + " (" + d.reason + ")\n";
-  std::fputs(text.c_str(), stdout);
-  return 0;
-}
-
-int keys_command(bool json) {
-  const nlohmann::json keys = describe_keys();
-  if (json) {
-    std::printf("%s\n", keys.dump(1).c_str());
-    return 0;
-  }
-  size_t width = 0;
-  for (const auto& k : keys) width = std::max(width, k["key"].get<std::string>().size());
-  for (const auto& k : keys)
-    std::printf("%-*s  %-8s default %-12s %s\n", int(width), k["key"].get<std::string>().c_str(),
-                k["type"].get<std::string>().c_str(), k["default"].get<std::string>().c_str(),
-                k["allowed"].get<std::string>().c_str());
-  return 0;
-}
-
 int probe_command(const std::string& candidate, bool force, bool json) {
   if (!candidate.empty()) {
     const auto colon = candidate.find(':', candidate.rfind("cuda:", 0) == 0 ? 5 : 0);
@@ -591,113 +559,4 @@ int audit_command(const std::string& run_dir, bool json) {
 
 // `lockstep status --json`: field names as in the proto, counts as JSON
 // numbers (protobuf's own JSON prints 64-bit integers as strings).
-nlohmann::json status_json(const v1::StatusReply& reply) {
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const auto& r : reply.ranks())
-    ranks.push_back({{"rank", r.rank()}, {"host", r.host()}, {"pid", r.pid()},
-                     {"step", int64_t(r.step())}, {"loss", r.loss()},
-                     {"samples_per_s", r.samples_per_s()}, {"heartbeat_age_s", r.heartbeat_age_s()},
-                     {"state", r.state()}, {"phase", r.phase()}, {"audit", r.audit()}});
-  return {{"run_id", reply.run_id()},         {"state", reply.state()},
-          {"world_size", reply.world_size()}, {"joined", reply.joined()},
-          {"generation", int64_t(reply.generation())}, {"restarts", reply.restarts()},
-          {"max_restarts", reply.max_restarts()}, {"failure", reply.failure()},
-          {"last_audit", reply.last_audit()}, {"last_eval", reply.last_eval()},
-          {"bad_files_skipped", reply.bad_files_skipped()}, {"audits", reply.audits()},
-          {"audit_disagreements", reply.audit_disagreements()}, {"first_drift_step", reply.first_drift_step()},
-          {"total_steps", reply.total_steps()}, {"eta_s", reply.eta_s()},
-          {"ranks", ranks}};
-}
-
-namespace {
-
-std::string duration_text(double seconds) {
-  const int64_t s = int64_t(seconds + 0.5);
-  return s >= 3600 ? fmt::format("{}h{:02d}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02d}s", s / 60, s % 60);
-}
-
-void print_status(const v1::StatusReply& reply) {
-  std::printf("run %s: %s, generation %lld (restarts %d of %d allowed), %d of %d joined%s%s\n",
-              reply.run_id().c_str(), reply.state().c_str(),
-              static_cast<long long>(reply.generation()), reply.restarts(), reply.max_restarts(),
-              reply.joined(), reply.world_size(), reply.failure().empty() ? "" : "\nfailure: ",
-              reply.failure().c_str());
-  if (reply.total_steps() > 0) {
-    int64_t slowest = reply.total_steps();
-    for (const auto& r : reply.ranks()) slowest = std::min<int64_t>(slowest, r.step());
-    std::printf("progress: step %lld of %lld (%.0f%%), ETA %s\n", static_cast<long long>(slowest),
-                static_cast<long long>(reply.total_steps()), 100.0 * double(slowest) / double(reply.total_steps()),
-                reply.eta_s() >= 0 ? duration_text(reply.eta_s()).c_str() : "not yet known");
-  }
-  if (!reply.last_audit().empty()) std::printf("last audit: %s\n", reply.last_audit().c_str());
-  if (!reply.last_eval().empty()) std::printf("last eval: %s\n", reply.last_eval().c_str());
-  if (reply.bad_files_skipped() > 0)
-    std::printf("bad files skipped: %lld (data.bad_files = skip; listed in the run's manifest.json)\n",
-                static_cast<long long>(reply.bad_files_skipped()));
-  std::printf("%4s  %-20s %8s %8s %9s %10s %8s  %s\n", "rank", "host", "pid", "step", "loss",
-              "samples/s", "hb age", "state");
-  for (const auto& r : reply.ranks())
-    std::printf("%4d  %-20s %8d %8lld %9.4f %10.0f %7.1fs  %s (%s)\n", r.rank(), r.host().c_str(),
-                r.pid(), static_cast<long long>(r.step()), r.loss(), r.samples_per_s(),
-                r.heartbeat_age_s(), r.state().c_str(), r.phase().c_str());
-}
-
-}  // namespace
-
-int status_command(ConnectionFlags connection, const std::string& run_dir, bool json, bool watch) {
-  if (!run_dir.empty() && connection.coordinator.empty()) {
-    const std::string address_file = run_dir + "/" + kAddressFile;
-    if (!std::filesystem::exists(address_file)) {
-      const std::string manifest_path = run_dir + "/manifest.json";
-      if (!std::filesystem::exists(manifest_path))
-        throw InputError(run_dir + ": not a run folder (no manifest.json, no " + kAddressFile + ")");
-      const auto manifest = nlohmann::json::parse(read_text_file(manifest_path, "the manifest", 64 << 20));
-      const std::string state = manifest.value("status", "?");
-      if (json) {
-        std::printf("%s\n", nlohmann::json({{"run_id", manifest.value("run_id", "")}, {"state", state},
-                                             {"running", false}}).dump(2).c_str());
-        return 0;
-      }
-      std::printf("run %s: %s, not running (no coordinator address in %s; its manifest says so)%s%s\n",
-                  manifest.value("run_id", "?").c_str(), state.c_str(), run_dir.c_str(),
-                  manifest.contains("error") ? "\nerror: " : "",
-                  manifest.contains("error") ? manifest["error"].get<std::string>().c_str() : "");
-      return 0;
-    }
-    connection.coordinator = read_text_file(address_file, "the coordinator address", 4096);
-    if (connection.token_file.empty() && !std::getenv("LOCKSTEP_TOKEN"))
-      connection.token_file = run_dir + "/" + kTokenFile;
-  }
-  if (connection.coordinator.empty())
-    throw InputError("lockstep status needs --coordinator HOST:PORT, or the RUN_DIR of a `lockstep run` job");
-  check_connection(connection);
-  CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
-                            connection.tls_ca});
-  const bool terminal = ::isatty(STDOUT_FILENO);
-  for (;;) {
-    v1::StatusReply reply;
-    grpc::Status status = client.status(&reply, milliseconds(5000));
-    if (!status.ok()) {
-      // Under --watch a job that ended and took its coordinator along is the end of watching.
-      if (watch && (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                    status.error_code() == grpc::StatusCode::CANCELLED)) {
-        std::printf("the coordinator at %s is gone: the job has ended%s\n", connection.coordinator.c_str(),
-                    run_dir.empty() ? "" : (" (lockstep status " + run_dir + " shows its outcome)").c_str());
-        return 0;
-      }
-      throw RunError("cannot get the status from " + connection.coordinator + ": " + describe(status));
-    }
-    if (json) {
-      std::printf("%s\n", status_json(reply).dump(watch ? -1 : 2).c_str());
-    } else {
-      if (watch && terminal) std::printf("\x1b[H\x1b[2J");  // redraw in place
-      print_status(reply);
-    }
-    std::fflush(stdout);
-    if (!watch || (reply.state() != "waiting" && reply.state() != "running")) return 0;
-    std::this_thread::sleep_for(milliseconds(1000));
-    if (!terminal && !json) std::printf("\n");
-  }
-}
-
 }  // namespace lockstep

@@ -25,6 +25,17 @@ struct ServeFlags {  // lockstep coordinator
   std::string run_id;  // the run folder's name; "" for a new one
 };
 
+// Shared by the commands that talk to a coordinator.
+// --coordinator and --tls-ca, checked before dialling. Throws InputError.
+void check_connection(const ConnectionFlags& connection);
+// --token-file, else LOCKSTEP_TOKEN; neither is bad input.
+std::string resolve_token(const std::string& token_file);
+
+// Files in a `lockstep run` job's folder while it runs: the coordinator's
+// address, and the token (0600).
+inline constexpr const char* kAddressFile = "coordinator-address";
+inline constexpr const char* kTokenFile = ".token";
+
 int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc,
                 const std::string& resume_dir, const std::string& metrics_address);
 int coordinator_command(const std::string& job_file, const std::vector<std::string>& overrides,
