@@ -60,6 +60,12 @@ int config_command(const std::string& job_file, const std::vector<std::string>& 
 // Every job key with its type, default and allowed values.
 int keys_command(bool json);
 
+// lockstep report RUN_DIR... : an HTML page of the runs (overlaid when
+// several), or (csv) their per-step figures. output "" = RUN_DIR/report.html
+// for one run, ./report.html for several; "-" = stdout. Bad folders: exit 2.
+inline constexpr size_t kMaxReportRuns = 4;
+int report_command(const std::vector<std::string>& run_dirs, const std::string& output, bool csv);
+
 int probe_command(const std::string& candidate, bool force, bool json);
 
 }  // namespace lockstep

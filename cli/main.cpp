@@ -99,6 +99,17 @@ int main(int argc, char** argv) {
   auto* keys = app.add_subcommand("keys", "list every job key with its type, default and allowed values");
   keys->add_flag("--json", json, "print JSON for scripts");
 
+  std::vector<std::string> report_dirs;
+  std::string report_output;
+  bool csv = false;
+  auto* report = app.add_subcommand("report", "an HTML page of one run or several overlaid (curves, phases, "
+                                              "audit timeline, restarts, decisions, settings), or --csv");
+  report->add_option("run_dirs", report_dirs, "run folders, runs/<run-id> (at most 4)")->required();
+  report->add_option("-o,--output", report_output,
+                     "file to write (default RUN_DIR/report.html for one run, ./report.html for several; "
+                     "- for stdout)");
+  report->add_flag("--csv", csv, "write the per-step figures of every rank as CSV instead");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -119,6 +130,7 @@ int main(int argc, char** argv) {
     if (probe->parsed()) return probe_command(candidate, force, json);
     if (config->parsed()) return config_command(job_file, overrides, json);
     if (keys->parsed()) return keys_command(json);
+    if (report->parsed()) return report_command(report_dirs, report_output, csv);
     return worker_command(job_file, overrides, connection, start);
   } catch (const InputError& e) {
     spdlog::error("{}", e.what());

@@ -15,6 +15,7 @@ packages=(
   slurmd slurmctld slurm-client munge python3-yaml
   python3-torch python3-numpy python3-torchvision python3-pil
   python3-protobuf python3-crc32c
+  chromium
 )
 
 missing=()

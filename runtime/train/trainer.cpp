@@ -238,7 +238,7 @@ TrainingResult StepLoop::run() {
     const bool updated = update(step, global_valid);
     start_audit(step + 1);
     if (updated && step == first_step_)  // start-up's end
-      parts_.events.write({{"event", "first_step"}, {"step", step + 1}});
+      parts_.events.write({{"event", "first_step"}, {"step", step + 1}, {"total_steps", steps_}});
     checkpoint_after(step + 1, lr);
     if (!updated) continue;
     log_step(step, lr, global_valid,
