@@ -200,6 +200,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
 
   LaunchOptions options;
   options.executable = this_executable();
+  options.quiet = spdlog::get_level() >= spdlog::level::warn;  // lockstep run --quiet
   options.token = coordinator_options.token;
   options.nproc = int(config.job.world_size);
   options.terminal = ::isatty(STDOUT_FILENO);

@@ -105,6 +105,7 @@ Child spawn_worker(const LaunchOptions& options, int rank) {
 
   std::vector<std::string> args = {options.executable, "worker", "--coordinator",
                                    options.coordinator};
+  if (options.quiet) args.push_back("--quiet");
   std::vector<std::string> env = child_environment(options, rank);
   auto argv = pointers(args);
   auto envp = pointers(env);

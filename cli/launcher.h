@@ -18,6 +18,7 @@ struct LaunchOptions {
   std::string token;                    // LOCKSTEP_TOKEN for every worker
   int nproc = 1;
   bool terminal = false;                // our stdout is a terminal
+  bool quiet = false;                   // workers log warnings and errors only (--quiet)
   double stop_grace_s = 5;              // SIGTERM, then SIGKILL after this
   // Asked when a worker ends unsuccessfully (`what`: "exited with status 1",
   // ...; `bad_input`: status 2): true = the job goes on, start a replacement

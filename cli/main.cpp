@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   ConnectionFlags connection;
   int nproc = 0;
-  bool json = false;
+  bool json = false, quiet = false;
+  const char* quiet_help = "print warnings and errors only (decisions still go to manifest.json and the events)";
   auto add_connection = [&](CLI::App* command, bool required) {
     auto* option = command->add_option("--coordinator", connection.coordinator,
                                        "the coordinator's HOST:PORT");
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   run->add_option("--resume", resume_dir,
                   "continue the run in RUN_DIR from its newest valid checkpoint");
   run->add_option("--metrics", serve.metrics, "HOST:PORT: serve Prometheus metrics at /metrics while the job runs");
+  run->add_flag("--quiet,-q", quiet, quiet_help);
 
   auto* coordinator = app.add_subcommand("coordinator", "serve one job to workers that join");
   coordinator->add_option("job", job_file, "job file (TOML)")->required();
@@ -51,6 +53,7 @@ int main(int argc, char** argv) {
   coordinator->add_option("--metrics", serve.metrics,
                           "HOST:PORT: serve Prometheus metrics at /metrics (port 0: any free port)");
   coordinator->add_option("--tls-key", serve.tls_key, "PEM private key of --tls-cert");
+  coordinator->add_flag("--quiet,-q", quiet, quiet_help);
   coordinator->add_option("--resume", serve.resume_dir,
                           "continue the run in RUN_DIR from its newest valid checkpoint");
   coordinator->add_option("--run-id", serve.run_id,
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
   worker->add_option("job", job_file, "job file (TOML), without --coordinator");
   worker->add_option("--set", overrides, "override a job key (without --coordinator)");
   add_connection(worker, false);
+  worker->add_flag("--quiet,-q", quiet, quiet_help);
   worker->add_option("--rendezvous-timeout", connection.rendezvous_timeout_s,
                      "seconds to keep trying a coordinator that is not reachable yet (default 120, "
                      "like comm.rendezvous_timeout_s)")
@@ -121,6 +125,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (quiet) spdlog::set_level(spdlog::level::warn);
   try {
     if (run->parsed()) return run_command(job_file, overrides, nproc, resume_dir, serve.metrics);
     if (coordinator->parsed())

@@ -418,8 +418,10 @@ void CoordinatorServer::write_manifest() const {
     manifest["restart_count"] = restarts.size();
     if (state_->state() == JobState::State::kFailed) manifest["final_failure"] = state_->failure();
     for (const auto& r : restarts)
-      spdlog::info("coordinator: restart to generation {}: {}; recovery {:.2f} s (death to the "
-                   "first step), {} steps redone", r["generation"].get<int64_t>(),
+      spdlog::info("coordinator: restart to generation {} resumed from step {} (generation {} had reached "
+                   "step {}): {}; recovery {:.2f} s (death to the first step), {} steps redone",
+                   r["generation"].get<int64_t>(), r.value("resumed_from_step", int64_t(-1)),
+                   r["generation"].get<int64_t>() - 1, r.value("steps_reached", int64_t(-1)),
                    r["reason"].get<std::string>(), r.value("recovery_s", -1.0),
                    r.value("steps_redone", int64_t(-1)));
   }

@@ -167,6 +167,9 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                 const WorkerOptions& options) {
   PhaseTimer timer;
   DecisionLog decisions;
+  // Printed once for all ranks when training starts (the trainer exchanges
+  // them); a rank that fails before then prints its own on the way out.
+  decisions.hold();
   for (const auto& d : config.decisions) decisions.record(d.what, d.value, d.reason);
   warn_test_switches(config, decisions);
 
@@ -184,6 +187,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                      std::to_string(config.job.world_size) + "; make them agree");
   spdlog::info("rank {} of {} (local rank {} of {}); rendezvous: {}", rank, world,
                place.local_rank, place.local_world_size, place.description);
+  if (world == 1) decisions.print_held(0, {decisions.held_json()});
   ResolvedMachine machine =
       resolve_machine(config, place.local_rank, place.local_world_size, options.cpu, decisions);
   if (config.data.name == "images") {

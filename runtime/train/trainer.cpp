@@ -213,6 +213,11 @@ StepLoop::StepLoop(TrainerParts& parts)
   if (config.checkpoint.every > 0 && !parts_.control)
     throw RunError("checkpoint.every is set but this trainer has no control group to agree on "
                    "checkpoints");
+  // Start-up's decisions, each printed once with the ranks that made it.
+  if (parts_.decisions.holding())
+    parts_.decisions.print_held(parts_.rank, parts_.control
+                                                 ? parts_.control->exchange("decisions", parts_.decisions.held_json())
+                                                 : std::vector<std::string>{parts_.decisions.held_json()});
 }
 
 // The loop, step by step: gradients of the global batch, the update, then

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <csignal>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -117,6 +118,71 @@ TEST(Commands, StatusWatchFollowsAJobToItsEnd) {
   EXPECT_TRUE(watched.output.find(": completed") != std::string::npos ||
               watched.output.find("is gone: the job has ended") != std::string::npos)
       << watched.output;
+}
+
+}  // namespace
+}  // namespace lockstep::testing
+
+namespace lockstep::testing {
+namespace {
+
+// Lines of `output` a rank printed ("[rank N] ...") that hold `text`.
+std::vector<std::string> rank_lines(const std::string& output, int rank, const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream lines(output);
+  const std::string prefix = "[rank " + std::to_string(rank) + "] ";
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind(prefix, 0) == 0 && line.find(text) != std::string::npos) out.push_back(line);
+  return out;
+}
+
+TEST(Commands, EachDecisionIsPrintedOnceWithTheRanksItHoldsForAndQuietPrintsNone) {
+  TempDir dir;
+  auto run = run_lockstep(synthetic_run(dir, 4, {"job.steps=10"}), dir.path(), 150);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto rank0 = rank_lines(run.output, 0, "Decision: ");
+  size_t all = rank0.size();
+  for (int rank = 1; rank < 4; ++rank) {
+    const auto own = rank_lines(run.output, rank, "Decision: ");
+    all += own.size();
+    // Only where the rank differs from rank 0: its own training seed.
+    ASSERT_EQ(own.size(), 1u) << "rank " << rank << ":\n" << run.output;
+    EXPECT_NE(own[0].find("Decision: train_seed = " + std::to_string(1 + rank) +
+                          " (seed + rank: each rank its own random stream) [rank " + std::to_string(rank) + "]"),
+              std::string::npos) << own[0];
+  }
+  std::cout << "decision lines from 4 ranks: " << all << " (rank 0: " << rank0.size() << ")" << std::endl;
+  EXPECT_LE(all, 25u) << run.output;
+  EXPECT_EQ(rank_lines(run.output, 0, "Decision: device = cpu (").size(), 1u) << run.output;
+  EXPECT_EQ(rank_lines(run.output, 0, "[all 4 ranks]").size(), rank0.size() - 1) << run.output;
+  EXPECT_EQ(rank_lines(run.output, 0, "Decision: train_seed = 1 (seed + rank: each rank its own random "
+                                      "stream) [rank 0]").size(), 1u) << run.output;
+  // Every rank's events still hold all of its own decisions.
+  const std::string folder = single_run(dir.path() + "/runs");
+  for (int rank = 0; rank < 4; ++rank) {
+    int decisions = 0;
+    for (const auto& e : read_json_lines(folder + "/events-rank" + std::to_string(rank) + ".jsonl"))
+      decisions += e["event"] == "decision";
+    EXPECT_GE(decisions, 10) << "rank " << rank;
+  }
+
+  // --quiet: warnings and errors only; the run is the same.
+  TempDir quiet_dir;
+  std::vector<std::string> quiet = synthetic_run(quiet_dir, 2, {"job.steps=10"});
+  quiet.insert(quiet.begin() + 1, "--quiet");
+  auto silent = run_lockstep(quiet, quiet_dir.path(), 150);
+  ASSERT_EQ(silent.exit_code, 0) << silent.output;
+  EXPECT_EQ(silent.output.find("Decision: "), std::string::npos) << silent.output;
+  EXPECT_EQ(silent.output.find(" info "), std::string::npos) << silent.output;
+  auto manifest = read_json(single_run(quiet_dir.path() + "/runs") + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "completed");
+  EXPECT_GE(manifest["decisions"].size(), 10u);
+  // A warning still shows: audit.every = 0 is one.
+  std::vector<std::string> warned = synthetic_run(quiet_dir, 2, {"job.steps=10", "audit.every=0"});
+  warned.insert(warned.begin() + 1, "--quiet");
+  auto warning = run_lockstep(warned, quiet_dir.path(), 150);
+  ASSERT_EQ(warning.exit_code, 0) << warning.output;
+  EXPECT_NE(warning.output.find("Decision: audit = off"), std::string::npos) << warning.output;
 }
 
 }  // namespace

@@ -52,6 +52,10 @@ TEST(Recovery, KilledWorkerCostsARestartNotTheRun) {
   const auto& restart = manifest["restarts"][0];
   EXPECT_EQ(restart["dead_rank"], rank);
   EXPECT_EQ(restart["resumed_from_step"], step / 5 * 5);
+  // The restart's log line says where the job picked up.
+  EXPECT_NE(recovered.output.find("restart to generation 2 resumed from step " + std::to_string(step / 5 * 5) +
+                                  " (generation 1 had reached step "),
+            std::string::npos) << recovered.output;
   ASSERT_TRUE(restart.contains("recovery_s")) << restart.dump();
   EXPECT_GT(restart["recovery_s"].get<double>(), 0.0);
   // The survivor got through step - 1 (maybe step, if the victim died after its
