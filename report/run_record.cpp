@@ -1,6 +1,7 @@
 #include "report/run_record.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -69,6 +70,8 @@ void read_rank_events(const fs::path& file, int rank, RunRecord& run) {
   for (const auto& d : run.decisions)
     decision_index[{d.what, d.value, d.reason}] = size_t(&d - run.decisions.data());
   int generation = 1;
+  size_t last_step_row = SIZE_MAX;  // index in run.steps; its totals stand in for a missing end
+  bool ended = false;
   for (const json& event : read_jsonl(file, run.problems)) {
     const std::string kind = text(event, "event");
     if (kind == "resumed") ++generation;
@@ -85,8 +88,8 @@ void read_rank_events(const fs::path& file, int rank, RunRecord& run) {
         for (const auto& [name, seconds] : phases->items())
           if (seconds.is_number()) row.phases[name] = seconds.get<double>();
       run.last_step = std::max(run.last_step, row.step);
-      run.phases_by_rank[rank] = row.phases;
       run.steps.push_back(std::move(row));
+      last_step_row = run.steps.size() - 1;
     } else if (kind == "first_step") {
       run.total_steps = std::max<int64_t>(run.total_steps, int64_t(number(event, "total_steps")));
       run.last_step = std::max(run.last_step, int64_t(number(event, "step")));
@@ -110,11 +113,14 @@ void read_rank_events(const fs::path& file, int rank, RunRecord& run) {
       auto& ranks = run.decisions[found->second].ranks;
       if (std::find(ranks.begin(), ranks.end(), rank) == ranks.end()) ranks.push_back(rank);
     } else if (kind == "end") {
+      ended = true;
+      run.phases_by_rank[rank].clear();
       if (auto phases = event.find("phases"); phases != event.end() && phases->is_object())
         for (const auto& [name, seconds] : phases->items())
           if (seconds.is_number()) run.phases_by_rank[rank][name] = seconds.get<double>();
     }
   }
+  if (!ended && last_step_row != SIZE_MAX) run.phases_by_rank[rank] = run.steps[last_step_row].phases;
 }
 
 // The first audit where the ranks parted, in words, from the coordinator's
