@@ -21,8 +21,14 @@ std::vector<double> ticks(double low, double high, int count) {
       step = f * magnitude;
       break;
     }
-  for (double t = std::ceil(low / step) * step; t <= high + step * 1e-9; t += step)
+  // t = first + i * step, never t += step: a step below the spacing of
+  // doubles near `low` would never move t, and the loop would never end.
+  const double first = std::ceil(low / step) * step;
+  for (int i = 0; i <= 4 * count + 2; ++i) {
+    const double t = first + i * step;
+    if (t > high + step * 1e-9) break;
     out.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
+  }
   return out;
 }
 
@@ -55,7 +61,8 @@ Downsampled downsample(const std::vector<Point>& points, size_t max_points) {
       high = std::max(high, points[i].value);
     }
     const double n = double(end - begin);
-    out.mean.push_back({step / n, sum / n});
+    // Clamped: the mean of ten 0.01s sums to 0.0099999999999999985.
+    out.mean.push_back({step / n, std::clamp(sum / n, low, high)});
     out.low.push_back({step / n, low});
     out.high.push_back({step / n, high});
   }
@@ -120,7 +127,10 @@ std::string line_chart(const ChartOptions& options, const std::vector<ChartSerie
     return svg;
   }
   if (x1 == x0) x0 -= 1, x1 += 1;
-  if (y1 == y0) y0 -= std::max(1e-6, std::abs(y0) * 0.05), y1 += std::max(1e-6, std::abs(y1) * 0.05);
+  // A constant series (a fixed learning rate) is flat even where bucket
+  // means round a last bit away from it (0.0099999999999999985 vs 0.01).
+  if (y1 - y0 <= 1e-9 * std::max(std::abs(y0), std::abs(y1)))
+    y0 -= std::max(1e-6, std::abs(y0) * 0.05), y1 += std::max(1e-6, std::abs(y1) * 0.05);
   const double pad = (y1 - y0) * 0.05;
   y0 -= pad, y1 += pad;
   auto x = [&](double step) { return left + (step - x0) / (x1 - x0) * plot_w; };
