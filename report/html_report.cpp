@@ -20,6 +20,7 @@ text-align:left;vertical-align:top;font-size:13px} th{background:#f4f4f4}
 .chart{display:block;margin:6px 0;font-size:11px} .chart .title{font-size:13px;font-weight:600}
 .frame{fill:none;stroke:#999} .grid{stroke:#eee} .ytick{text-anchor:end;fill:#555}
 .xtick{text-anchor:middle;fill:#555} .xlabel,.ylabel{text-anchor:middle;fill:#333}
+.xstart{text-anchor:start} .xend{text-anchor:end}
 .note{fill:#777;font-style:italic} .marker{font-size:11px} .empty{fill:#999}
 .barlabel{fill:#333} .muted{color:#777} code{font-size:12px}
 )";
@@ -175,8 +176,8 @@ std::string audit_timeline(const RunRecord& run, const std::string& label) {
                        "class=\"marker\">first drift: step {2}</text>",
                        x(double(run.first_drift_step)), x(double(run.first_drift_step)) + 4,
                        run.first_drift_step);
-  out += fmt::format("<text x=\"{}\" y=\"58\" class=\"xtick\">step 0</text><text x=\"{}\" y=\"58\" "
-                     "class=\"xtick\">step {}</text></svg>\n",
+  out += fmt::format("<text x=\"{}\" y=\"58\" class=\"xtick xstart\">step 0</text><text x=\"{}\" "
+                     "y=\"58\" class=\"xtick xend\">step {}</text></svg>\n",
                      left, left + plot_w, int64_t(x1));
   return out;
 }

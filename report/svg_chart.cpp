@@ -33,6 +33,8 @@ std::vector<double> ticks(double low, double high, int count) {
 }
 
 std::string tick_label(double value) {
+  // Steps are whole numbers: 100000, not 1e+05, beside 80000.
+  if (value == std::floor(value) && std::abs(value) < 1e9) return fmt::format("{:.0f}", value);
   if (value != 0 && (std::abs(value) >= 1e5 || std::abs(value) < 1e-3)) return fmt::format("{:.2g}", value);
   return fmt::format("{:.6g}", value);
 }
