@@ -154,11 +154,17 @@ TrainTestData load_fashion_mnist(const std::string& dir) {
 TrainTestData make_synthetic(int64_t train_samples, uint64_t seed, double missing_share) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(seed ^ 0x5eed5eedULL);
   const int64_t test_samples = std::max<int64_t>(256, train_samples / 8);
-  auto teacher = at::normal(0.0, 1.0, {28 * 28, 10}, generator);
+  // Ten class prototypes under noise: a short run shows its accuracy
+  // climbing (the synthetic example's 40 steps on 2 ranks reach about 0.55).
+  // Labels from a random linear teacher over 784 Gaussian inputs were not
+  // learnable from 2,048 samples (0.14).
+  constexpr double kPrototypeScale = 0.12;
+  auto prototypes = at::normal(0.0, 1.0, {10, 1, 28, 28}, generator);
   auto make = [&](int64_t n) {
     Dataset set;
-    set.inputs = at::normal(0.0, 1.0, {n, 1, 28, 28}, generator);
-    set.targets = set.inputs.reshape({n, 28 * 28}).matmul(teacher).argmax(1);
+    set.targets = at::randint(0, 10, {n}, generator, at::kLong);
+    set.inputs = prototypes.index_select(0, set.targets) * kPrototypeScale +
+                 at::normal(0.0, 1.0, {n, 1, 28, 28}, generator);
     return set;
   };
   TrainTestData data;

@@ -83,8 +83,8 @@ at::Tensor read_idx_gz(const std::string& path, int expected_dims);
 // (train-images-idx3-ubyte.gz, ...). Checks that images and labels agree.
 TrainTestData load_fashion_mnist(const std::string& dir);
 
-// A learnable synthetic set (labels from a fixed random linear teacher),
-// identical for a given seed on every machine. `missing_share` of the
+// A learnable synthetic set (ten fixed random class prototypes under unit
+// Gaussian noise), identical for a given seed on every machine. `missing_share` of the
 // training labels are set to -1.
 TrainTestData make_synthetic(int64_t train_samples, uint64_t seed, double missing_share);
 
