@@ -1,5 +1,7 @@
 // The report's charts on series a long run produces: they must finish,
 // draw every series and say when they downsample.
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 
