@@ -7,14 +7,14 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "integration/browser.h"
 #include "integration/jobs.h"
 #include "support/cli_runner.h"
 
 using namespace lockstep::testing;
 
 TEST(ReportSize, AHundredThousandStepRunStaysSmallAndOpensQuickly) {
-  if (std::system("command -v chromium > /dev/null 2>&1") != 0)
-    GTEST_SKIP() << "chromium is not installed (deploy/install-deps.sh installs it)";
+  if (chromium_missing()) GTEST_SKIP() << "chromium is not installed (deploy/install-deps.sh installs it)";
   TempDir dir;
   auto run = run_lockstep(synthetic_run(dir, 1, {"job.steps=100000", "job.log_every=10", "data.batch_size=4",
                                                  "optim.lr=0.01", "audit.every=1000", "eval.every=20000"}),
@@ -28,16 +28,8 @@ TEST(ReportSize, AHundredThousandStepRunStaysSmallAndOpensQuickly) {
   const auto bytes = std::filesystem::file_size(html);
   EXPECT_LT(bytes, 5u << 20);
 
-  std::filesystem::create_directories("report-screenshots");
-  const std::string shot = std::filesystem::absolute("report-screenshots/hundred-thousand-steps.png").string();
-  const std::string command = "timeout -s KILL 200 /usr/bin/python3 " + std::string(LOCKSTEP_SOURCE_DIR) +
-                              "/tests/python/browse_report.py " + html + " --repeat 3 --screenshot " + shot;
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  char buffer[4096];
-  for (size_t got; (got = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, got);
-  ASSERT_EQ(::pclose(pipe), 0) << out;
-  auto seen = nlohmann::json::parse(out);
+  const std::string shot = screenshot_path("hundred-thousand-steps");
+  auto seen = browse(html, shot, 3);
   EXPECT_EQ(seen["console"].size(), 0u) << seen["console"].dump(1);
   EXPECT_EQ(seen["page_requests"].size(), 0u) << seen["page_requests"].dump(1);
   const double extra = seen["load_s"].get<double>() - seen["blank_s"].get<double>();

@@ -1,5 +1,5 @@
 // lockstep report on real runs (clean, drifted, restarted, failed, killed
-// mid-run, 100,000 steps), each page opened in headless Chromium inside a
+// mid-run; 100,000 steps in report_size_test.cpp), each page opened in headless Chromium inside a
 // network namespace of its own (tests/python/browse_report.py): no console
 // message, no request leaving the file, the drift and the restart in the
 // page's text, a screenshot in build/tests/report-screenshots/.
@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "integration/browser.h"
 #include "integration/jobs.h"
 #include "support/cli_runner.h"
 
@@ -18,28 +19,6 @@ using namespace lockstep::testing;
 namespace {
 
 namespace fs = std::filesystem;
-
-bool chromium_missing() { return std::system("command -v chromium > /dev/null 2>&1") != 0; }
-
-std::string screenshot_path(const std::string& name) {
-  fs::create_directories("report-screenshots");
-  return fs::absolute("report-screenshots/" + name + ".png").string();
-}
-
-// What the browser saw of `html`: {console, page_requests, load_s, blank_s, text}.
-nlohmann::json browse(const std::string& html, const std::string& screenshot = "", int repeat = 1) {
-  std::string command = "timeout -s KILL 150 /usr/bin/python3 " + std::string(LOCKSTEP_SOURCE_DIR) +
-                        "/tests/python/browse_report.py " + html + " --repeat " + std::to_string(repeat);
-  if (!screenshot.empty()) command += " --screenshot " + screenshot;
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  char buffer[4096];
-  for (size_t got; (got = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, got);
-  EXPECT_EQ(::pclose(pipe), 0) << command << "\n" << out;
-  auto parsed = nlohmann::json::parse(out, nullptr, false);
-  EXPECT_FALSE(parsed.is_discarded()) << out;
-  return parsed.is_discarded() ? nlohmann::json::object() : parsed;
-}
 
 // The report of `run` opened in the browser, checked for what no report may do.
 nlohmann::json open_report(const std::string& run, const std::string& name) {

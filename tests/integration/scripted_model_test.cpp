@@ -18,31 +18,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kFixtures = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/python/scripted_fixtures.py";
-
-// Runs a shell command with a hard limit; returns its exit status and output.
-CommandResult shell(const std::string& command, int timeout_s = 120) {
-  CommandResult result;
-  const std::string line = "timeout -s KILL " + std::to_string(timeout_s) + " " + command + " 2>&1";
-  FILE* pipe = ::popen(line.c_str(), "r");
-  if (!pipe) return result;
-  char buffer[4096];
-  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) result.output.append(buffer, n);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
-
 // The fixtures (models and array folders) in `dir`/fx.
 std::string make_fixtures(const TempDir& dir) {
   const std::string out = dir.path() + "/fx";
-  auto made = shell("/usr/bin/python3 " + kFixtures + " make " + out);
+  auto made = python_tool("scripted_fixtures.py", "make " + out + " 2>&1");
   EXPECT_EQ(made.exit_code, 0) << made.output;
   return out;
 }
 
 nlohmann::json python_json(const std::string& args) {
-  auto result = shell("/usr/bin/python3 " + kFixtures + " " + args);
+  auto result = python_tool("scripted_fixtures.py", args + " 2>&1");
   EXPECT_EQ(result.exit_code, 0) << result.output;
   const auto start = result.output.rfind("\n{");
   return nlohmann::json::parse(result.output.substr(start == std::string::npos ? 0 : start + 1));
@@ -281,9 +266,9 @@ TEST(ScriptedModel, DictOutputPickedByModelOutputAndBf16AutocastTrainsIt) {
 TEST(ScriptedModel, Bf16AutocastReachesTheOperatorsOfAScriptedModule) {
   TempDir dir;
   const std::string path = dir.path() + "/linear.pt";
-  auto made = shell("/usr/bin/python3 -c \"import torch; m = torch.nn.Linear(1, 1); "
+  auto made = shell_output("/usr/bin/python3 -c \"import torch; m = torch.nn.Linear(1, 1); "
                     "m.weight.data.fill_(1 + 2 ** -10); m.bias.data.zero_(); "
-                    "torch.jit.script(m).save('" + path + "')\"");
+                    "torch.jit.script(m).save('" + path + "')\" 2>&1");
   ASSERT_EQ(made.exit_code, 0) << made.output;
   ModelSection section;
   section.name = "torchscript";

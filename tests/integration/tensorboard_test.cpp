@@ -17,14 +17,9 @@ namespace {
 namespace fs = std::filesystem;
 
 nlohmann::json read_tensorboard(const std::string& file) {
-  const std::string command = "timeout -s KILL 60 /usr/bin/python3 " + std::string(LOCKSTEP_SOURCE_DIR) +
-                              "/tests/python/tb_reader.py " + file;
-  std::string out;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  char buffer[4096];
-  for (size_t got; (got = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, got);
-  EXPECT_EQ(::pclose(pipe), 0) << command << "\n" << out;
-  return nlohmann::json::parse(out);
+  auto read = python_tool("tb_reader.py", file, 60);
+  EXPECT_EQ(read.exit_code, 0) << "tb_reader.py " << file << "\n" << read.output;
+  return nlohmann::json::parse(read.output);
 }
 
 std::string only_file(const std::string& folder) {

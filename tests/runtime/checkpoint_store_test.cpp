@@ -6,19 +6,13 @@
 #include <gtest/gtest.h>
 
 #include "runtime/errors.h"
+#include "support/shell.h"
 
 namespace lockstep {
 namespace {
 namespace fs = std::filesystem;
 
-struct TempFolder {
-  std::string path;
-  TempFolder() {
-    char pattern[] = "/tmp/lockstep-ckpt-XXXXXX";
-    path = ::mkdtemp(pattern);
-  }
-  ~TempFolder() { fs::remove_all(path); }
-};
+using TempFolder = testing::TempDir;
 
 void write_checkpoint(const CheckpointStore& store, int64_t step, int keep = 5) {
   store.write_file(step, "shared.bin", "parameters of step " + std::to_string(step));
@@ -33,7 +27,7 @@ void overwrite(const std::string& path, const std::string& bytes) {
 
 TEST(CheckpointStore, NewestCompleteCheckpointAndItsFilesComeBack) {
   TempFolder tmp;
-  CheckpointStore store(tmp.path + "/checkpoints");
+  CheckpointStore store(tmp.path() + "/checkpoints");
   EXPECT_FALSE(store.newest_valid(nullptr).has_value());
   write_checkpoint(store, 10);
   write_checkpoint(store, 20);
@@ -51,7 +45,7 @@ TEST(CheckpointStore, NewestCompleteCheckpointAndItsFilesComeBack) {
 // the next older complete checkpoint is used.
 TEST(CheckpointStore, CorruptedOrTruncatedNewestIsRefusedNamingTheFile) {
   TempFolder tmp;
-  CheckpointStore store(tmp.path + "/checkpoints");
+  CheckpointStore store(tmp.path() + "/checkpoints");
   write_checkpoint(store, 10);
   write_checkpoint(store, 20);
   write_checkpoint(store, 30);
@@ -76,7 +70,7 @@ TEST(CheckpointStore, CorruptedOrTruncatedNewestIsRefusedNamingTheFile) {
 // no index.json) never leaves a checkpoint that counts as complete.
 TEST(CheckpointStore, CheckpointWithoutIndexNeverLoadsAsComplete) {
   TempFolder tmp;
-  CheckpointStore store(tmp.path + "/checkpoints");
+  CheckpointStore store(tmp.path() + "/checkpoints");
   write_checkpoint(store, 10);
   store.write_file(20, "shared.bin", "half of step 20");
   overwrite(store.step_folder(20) + "/rng-rank0.bin.tmp.1234", "partial");
@@ -92,7 +86,7 @@ TEST(CheckpointStore, CheckpointWithoutIndexNeverLoadsAsComplete) {
 // and an unfinished older folder goes with them.
 TEST(CheckpointStore, KeepsTheNewestAndDeletesOlderOnlyAfterANewerIsComplete) {
   TempFolder tmp;
-  CheckpointStore store(tmp.path + "/checkpoints");
+  CheckpointStore store(tmp.path() + "/checkpoints");
   store.write_file(5, "shared.bin", "abandoned");
   write_checkpoint(store, 10, 2);
   write_checkpoint(store, 20, 2);

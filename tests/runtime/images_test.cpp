@@ -11,31 +11,19 @@
 
 #include "runtime/data/dataset.h"
 #include "runtime/errors.h"
+#include "support/shell.h"
 
 namespace lockstep {
 namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kFixtures = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/python/image_fixtures.py";
-
-struct Folder {
-  std::string path;
-  Folder() {
-    char name[] = "/tmp/lockstep-images-XXXXXX";
-    path = ::mkdtemp(name);
-  }
-  ~Folder() { fs::remove_all(path); }
-};
+using Folder = testing::TempDir;
 
 std::string python(const std::string& args) {
-  const std::string line = "timeout -s KILL 120 /usr/bin/python3 " + kFixtures + " " + args;
-  std::string out;
-  FILE* pipe = ::popen(line.c_str(), "r");
-  char buffer[4096];
-  for (size_t got; (got = std::fread(buffer, 1, sizeof buffer, pipe)) > 0;) out.append(buffer, got);
-  EXPECT_EQ(::pclose(pipe), 0) << line;
-  return out;
+  auto run = testing::python_tool("image_fixtures.py", args);
+  EXPECT_EQ(run.exit_code, 0) << "image_fixtures.py " << args;
+  return run.output;
 }
 
 DataSection images(const std::string& root) {
@@ -52,8 +40,8 @@ bool have_fmnist() { return fs::exists("/usr/share/datasets/fashion-mnist"); }
 TEST(Images, ClassesFilesAndPixelsAreThoseTorchvisionAndPilSee) {
   if (!have_fmnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   Folder dir;
-  python("good " + dir.path + " 20 5");
-  TrainTestData data = load_data(images(dir.path), 1);
+  python("good " + dir.path() + " 20 5");
+  TrainTestData data = load_data(images(dir.path()), 1);
   ASSERT_EQ(data.classes.size(), 10u);
   EXPECT_EQ(data.classes.front(), "Ankle_boot");  // sorted by name, not Fashion-MNIST's label order
   EXPECT_EQ(data.classes.back(), "Trouser");
@@ -77,7 +65,7 @@ TEST(Images, ClassesFilesAndPixelsAreThoseTorchvisionAndPilSee) {
     native.push_back(i);
     list += " " + files[i];
   }
-  const auto sums = nlohmann::json::parse(python("pil " + dir.path + list));
+  const auto sums = nlohmann::json::parse(python("pil " + dir.path() + list));
   const at::Tensor rows = torch::tensor(std::vector<int64_t>(native.begin(), native.end()), torch::kLong);
   const at::Tensor pixels = data.train.input_rows(rows);
   int jpegs = 0;
@@ -88,8 +76,8 @@ TEST(Images, ClassesFilesAndPixelsAreThoseTorchvisionAndPilSee) {
   }
   EXPECT_GT(jpegs, 5);
   // data.validation naming a folder: the training set's classes and shape.
-  DataSection with_validation = images(dir.path);
-  with_validation.validation = dir.path + "/test";
+  DataSection with_validation = images(dir.path());
+  with_validation.validation = dir.path() + "/test";
   TrainTestData split = load_data(with_validation, 1);
   EXPECT_EQ(split.validation.size(), 50);
   EXPECT_EQ(split.validation.inputs.sizes(), (std::vector<int64_t>{50, 1, 28, 28}));
@@ -100,8 +88,8 @@ TEST(Images, ClassesFilesAndPixelsAreThoseTorchvisionAndPilSee) {
 TEST(Images, ChannelsSizeAndThreadsChangeTheShapeNotThePixels) {
   if (!have_fmnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   Folder dir;
-  python("good " + dir.path + " 10 2");
-  DataSection section = images(dir.path);
+  python("good " + dir.path() + " 10 2");
+  DataSection section = images(dir.path());
   section.channels = 3;
   section.image_size = "14,21";
   TrainTestData data = load_data(section, 1);
@@ -117,10 +105,10 @@ TEST(Images, ChannelsSizeAndThreadsChangeTheShapeNotThePixels) {
 TEST(Images, AFileThatIsCutOrForeignIsNamedAtTheStartOrSkippedAndCounted) {
   if (!have_fmnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   Folder dir;
-  python("good " + dir.path + " 10 2");
-  python("corrupt " + dir.path);
+  python("good " + dir.path() + " 10 2");
+  python("corrupt " + dir.path());
   try {
-    load_data(images(dir.path), 1);
+    load_data(images(dir.path()), 1);
     FAIL() << "a cut PNG and a text file named .jpg were accepted";
   } catch (const InputError& e) {
     const std::string message = e.what();
@@ -128,7 +116,7 @@ TEST(Images, AFileThatIsCutOrForeignIsNamedAtTheStartOrSkippedAndCounted) {
     EXPECT_NE(message.find("and 1 more file(s) in data.train"), std::string::npos) << message;
     EXPECT_NE(message.find("data.bad_files = skip"), std::string::npos) << message;
   }
-  DataSection skip = images(dir.path);
+  DataSection skip = images(dir.path());
   skip.bad_files = "skip";
   TrainTestData data = load_data(skip, 1);
   ASSERT_EQ(data.bad_files.size(), 2u);
@@ -139,9 +127,9 @@ TEST(Images, AFileThatIsCutOrForeignIsNamedAtTheStartOrSkippedAndCounted) {
 TEST(Images, AFileThatOnlyFailsToDecodeStopsTheReadOrBecomesAMissingTarget) {
   if (!have_fmnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   Folder dir;
-  python("good " + dir.path + " 10 2");
-  python("damaged " + dir.path);
-  DataSection section = images(dir.path);
+  python("good " + dir.path() + " 10 2");
+  python("damaged " + dir.path());
+  DataSection section = images(dir.path());
   TrainTestData data = load_data(section, 1);  // header and end intact: passes the first check
   const auto& files = data.folders.at(0).second;
   const int64_t damaged = std::find_if(files.begin(), files.end(), [](const std::string& f) {
@@ -170,9 +158,9 @@ TEST(Images, AFileThatOnlyFailsToDecodeStopsTheReadOrBecomesAMissingTarget) {
 
 TEST(Images, FoldersThatDoNotFitAreRefusedNamingTheFolder) {
   Folder dir;
-  fs::create_directories(dir.path + "/train/cat");
-  fs::create_directories(dir.path + "/test/cat");
-  std::ofstream(dir.path + "/train/cat/note.txt") << "no images";
+  fs::create_directories(dir.path() + "/train/cat");
+  fs::create_directories(dir.path() + "/test/cat");
+  std::ofstream(dir.path() + "/train/cat/note.txt") << "no images";
   auto message_of = [](const DataSection& section) {
     try {
       load_data(section, 1);
@@ -181,10 +169,10 @@ TEST(Images, FoldersThatDoNotFitAreRefusedNamingTheFolder) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(message_of(images(dir.path)).find("train/cat: class folder without any .png"), std::string::npos);
-  fs::remove_all(dir.path + "/train/cat");
-  EXPECT_NE(message_of(images(dir.path)).find("holds no sub-folders"), std::string::npos);
-  EXPECT_NE(message_of(images(dir.path + "/nowhere")).find("no such folder"), std::string::npos);
+  EXPECT_NE(message_of(images(dir.path())).find("train/cat: class folder without any .png"), std::string::npos);
+  fs::remove_all(dir.path() + "/train/cat");
+  EXPECT_NE(message_of(images(dir.path())).find("holds no sub-folders"), std::string::npos);
+  EXPECT_NE(message_of(images(dir.path() + "/nowhere")).find("no such folder"), std::string::npos);
 }
 
 }  // namespace

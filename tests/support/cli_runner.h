@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/shell.h"
+
 namespace lockstep::testing {
 
 struct CommandResult {
@@ -55,17 +57,6 @@ class LockstepProcess {
 CommandResult run_lockstep(const std::vector<std::string>& args, const std::string& cwd,
                            double timeout_s = 120.0, const std::vector<std::string>& env = {},
                            const std::vector<std::string>& prefix = {});
-
-// A fresh folder under the system temp dir, removed by the caller's TempDir.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // A loopback port nobody listens on right now (bound to port 0, read back, closed).
 int free_port();

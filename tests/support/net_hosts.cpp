@@ -13,19 +13,10 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "support/shell.h"
+
 namespace lockstep::testing {
 namespace {
-
-std::string capture(const std::string& command) {
-  std::string out;
-  if (FILE* pipe = ::popen(command.c_str(), "r")) {
-    char buffer[4096];
-    size_t n;
-    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) out.append(buffer, n);
-    ::pclose(pipe);
-  }
-  return out;
-}
 
 void run_or_throw(const std::string& command) {
   if (shell(command) != 0) throw std::runtime_error("namespace host set-up failed: " + command);
@@ -34,7 +25,7 @@ void run_or_throw(const std::string& command) {
 // Namespaces named lskPID-... whose process PID is gone: left by a test
 // that was killed before its destructor ran.
 void remove_stale_namespaces() {
-  const std::string list = capture("ip netns list 2>/dev/null");
+  const std::string list = shell_output("ip netns list 2>/dev/null", 30).output;
   std::regex pattern("^(lsk([0-9]+)-[a-z0-9-]+)");
   std::smatch match;
   std::string line;
