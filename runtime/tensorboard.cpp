@@ -141,6 +141,9 @@ void TensorBoardWriter::event(const nlohmann::json& e) {
     add_numbers(values, "train/", {{"loss", e.value("loss", 0.0)}, {"lr", e.value("lr", 0.0)},
                                    {"samples_per_s", e.value("samples_per_s", 0.0)}});
     if (e.contains("phases")) add_numbers(values, "time/", e["phases"], "_s");
+    if (e.contains("scaler"))
+      add_numbers(values, "scaler/", {{"scale", e["scaler"].value("scale", 0.0)},
+                                      {"skipped_total", e["scaler"].value("skipped", 0.0)}});
     // Running totals: the wall time and what it leaves over are known at the end only.
     values.erase(std::remove_if(values.begin(), values.end(),
                                 [](const auto& v) { return v.first == "time/wall_s" || v.first == "time/other_s"; }),

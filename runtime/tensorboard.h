@@ -31,7 +31,8 @@ class TensorBoardWriter {
   void scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values);
   // One of the rank's JSON events (run_folder.h's EventWriter) as the
   // scalars it holds: step (train/loss, train/lr, train/samples_per_s,
-  // time/<phase>_s), eval (eval/<split>/<metric>), audit_result
+  // time/<phase>_s; under a gradient scaler scaler/scale and
+  // scaler/skipped_total), eval (eval/<split>/<metric>), audit_result
   // (audit/agreed, audit/max_abs_diff), scaler_skipped_step (scaler/scale,
   // scaler/skipped_step), skipped_step, resumed (run/resumed_at_step),
   // end (time/<phase>_s). Other events hold no scalars.

@@ -364,12 +364,15 @@ void StepLoop::log_step(int64_t step, double lr, double global_valid, double sec
   }
   if ((step + 1) % log_every_ == 0 || step + 1 == steps_) {
     result_.final_loss = mean_loss;
-    parts_.events.write({{"event", "step"},
-                         {"step", step + 1},
-                         {"loss", mean_loss},
-                         {"lr", lr},
-                         {"samples_per_s", samples_per_s},
-                         {"phases", parts_.timer.to_json(0)}});
+    nlohmann::json event = {{"event", "step"},
+                            {"step", step + 1},
+                            {"loss", mean_loss},
+                            {"lr", lr},
+                            {"samples_per_s", samples_per_s},
+                            {"phases", parts_.timer.to_json(0)}};
+    // The scale now and the steps it threw away so far: a falling scale is lost steps.
+    if (scaler_) event["scaler"] = {{"scale", scaler_->scale()}, {"skipped", scaler_->skipped()}};
+    parts_.events.write(event);
     window_loss_ = window_samples_ = window_seconds_ = 0;
     window_steps_ = 0;
   }
