@@ -51,7 +51,8 @@ nlohmann::json status_json(const v1::StatusReply& reply) {
     ranks.push_back({{"rank", r.rank()}, {"host", r.host()}, {"pid", r.pid()},
                      {"step", int64_t(r.step())}, {"loss", r.loss()},
                      {"samples_per_s", r.samples_per_s()}, {"heartbeat_age_s", r.heartbeat_age_s()},
-                     {"state", r.state()}, {"phase", r.phase()}, {"audit", r.audit()}});
+                     {"state", r.state()}, {"phase", r.phase()}, {"audit", r.audit()},
+                     {"skipped_steps", r.skipped_steps()}});
   return {{"run_id", reply.run_id()},         {"state", reply.state()},
           {"world_size", reply.world_size()}, {"joined", reply.joined()},
           {"generation", int64_t(reply.generation())}, {"restarts", reply.restarts()},
@@ -60,6 +61,7 @@ nlohmann::json status_json(const v1::StatusReply& reply) {
           {"bad_files_skipped", reply.bad_files_skipped()}, {"audits", reply.audits()},
           {"audit_disagreements", reply.audit_disagreements()}, {"first_drift_step", reply.first_drift_step()},
           {"total_steps", reply.total_steps()}, {"eta_s", reply.eta_s()},
+          {"skipped_steps", reply.skipped_steps()},
           {"ranks", ranks}};
 }
 
@@ -87,6 +89,9 @@ void print_status(const v1::StatusReply& reply) {
   }
   if (!reply.last_audit().empty()) std::printf("last audit: %s\n", reply.last_audit().c_str());
   if (!reply.last_eval().empty()) std::printf("last eval: %s\n", reply.last_eval().c_str());
+  if (reply.skipped_steps() > 0)
+    std::printf("skipped steps: %lld (trained nothing: the gradient scaler found inf/NaN, or no valid target)\n",
+                static_cast<long long>(reply.skipped_steps()));
   if (reply.bad_files_skipped() > 0)
     std::printf("bad files skipped: %lld (data.bad_files = skip; listed in the run's manifest.json)\n",
                 static_cast<long long>(reply.bad_files_skipped()));

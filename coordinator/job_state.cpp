@@ -37,11 +37,11 @@ namespace {
 
 constexpr const char* kApiVersion = "lockstep.v1";
 
-double seconds_between(JobState::Clock::time_point a, JobState::Clock::time_point b) {
+}  // namespace
+
+double JobState::seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-
-}  // namespace
 
 JobState::JobState(JobStateOptions options)
     : options_(std::move(options)), generation_(options_.generation), waiting_since_(created_) {}
@@ -309,6 +309,7 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
   files_skipped_before_training_ = std::max(files_skipped_before_training_, request.files_skipped_before_training());
   w->files_skipped_in_batches = request.files_skipped_in_batches();
   w->total_steps = request.total_steps();
+  w->skipped_steps = request.skipped_steps();
   if (w->pace_from_step < 0 && request.step() > 0) {
     w->pace_from_step = request.step();
     w->pace_from = now;
@@ -564,56 +565,6 @@ void JobState::wait_until_told(std::chrono::milliseconds timeout) const {
       return w.told_to_abort || w.state != "running";
     });
   });
-}
-
-void JobState::status(v1::StatusReply* reply) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto now = Clock::now();
-  reply->set_run_id(options_.run_id);
-  reply->set_state(state_ == State::kCompleted && first_drift_step_ >= 0 ? "completed_with_drift"
-                                                                       : state_name(state_));
-  reply->set_world_size(options_.world_size);
-  reply->set_generation(generation_);
-  reply->set_failure(failure_);
-  reply->set_joined(int(workers_.size()));
-  reply->set_last_audit(last_audit_);
-  reply->set_last_eval(last_eval_);
-  int64_t skipped = files_skipped_before_training_;
-  for (const auto& w : workers_) skipped += w.files_skipped_in_batches;
-  reply->set_bad_files_skipped(skipped);
-  reply->set_audits(audits_);
-  reply->set_audit_disagreements(drifted_audits_);
-  reply->set_first_drift_step(first_drift_step_);
-  // ETA: the slowest rank at its own pace since its first step was heard of.
-  int64_t total = 0;
-  double eta = -1;
-  for (const auto& w : workers_) {
-    total = std::max(total, w.total_steps);
-    const double seconds = seconds_between(w.pace_from, now);
-    if (w.total_steps > 0 && w.pace_from_step >= 0 && w.step > w.pace_from_step && seconds > 0)
-      eta = std::max(eta, double(w.total_steps - w.step) * seconds / double(w.step - w.pace_from_step));
-  }
-  reply->set_total_steps(total);
-  reply->set_eta_s(state_ == State::kRunning ? eta : -1);
-  reply->set_restarts(int(restarts_.size()));
-  reply->set_max_restarts(options_.max_restarts);
-  std::vector<const Worker*> by_rank;
-  for (const auto& w : workers_) by_rank.push_back(&w);
-  std::sort(by_rank.begin(), by_rank.end(),
-            [](const Worker* a, const Worker* b) { return a->rank < b->rank; });
-  for (const Worker* w : by_rank) {
-    auto* row = reply->add_ranks();
-    row->set_rank(w->rank);
-    row->set_host(w->host);
-    row->set_pid(w->pid);
-    row->set_step(w->step);
-    row->set_loss(w->loss);
-    row->set_samples_per_s(w->samples_per_s);
-    row->set_heartbeat_age_s(w->heartbeat_seen ? seconds_between(w->last_heartbeat, now) : -1.0);
-    row->set_state(w->state);
-    row->set_phase(w->phase);
-    row->set_audit(w->audit);
-  }
 }
 
 }  // namespace lockstep

@@ -142,6 +142,7 @@ class JobState {
     std::string audit;
     int64_t files_skipped_in_batches = 0;  // data.bad_files = skip, this rank
     int64_t total_steps = 0;               // what the rank trains to; 0 unknown
+    int64_t skipped_steps = 0;             // optimizer steps that trained nothing
     int64_t pace_from_step = -1;           // the first step heard of in training, and when
     Clock::time_point pace_from{};
     bool told_to_abort = false;
@@ -164,6 +165,7 @@ class JobState {
   nlohmann::json workers_json_locked() const;
   Worker* find_locked(const std::string& run_id, int rank, int64_t generation, grpc::Status* error);
   static const char* state_name(State state);
+  static double seconds_between(Clock::time_point a, Clock::time_point b);  // b - a, in seconds
 
   const JobStateOptions options_;
   const Clock::time_point created_ = Clock::now();

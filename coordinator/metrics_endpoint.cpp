@@ -57,26 +57,31 @@ std::string prometheus_text(const v1::StatusReply& s) {
       {"lockstep_audits_total", {"audited steps", double(s.audits())}},
       {"lockstep_audit_disagreements_total", {"audits that found the ranks apart", double(s.audit_disagreements())}},
       {"lockstep_bad_files_skipped_total", {"data files left out (data.bad_files = skip)", double(s.bad_files_skipped())}},
+      {"lockstep_skipped_steps_total", {"optimizer steps that trained nothing (scaler inf/NaN, no valid target)", double(s.skipped_steps())}},
   };
   for (const auto& [name, what] : counters) {
     gauge(name, what.first, "counter");
     out << name << "{" << run << "} " << what.second << "\n";
   }
-  const std::pair<const char*, const char*> per_rank[] = {
-      {"lockstep_rank_step", "optimizer steps the rank finished"},
-      {"lockstep_rank_loss", "the latest mean training loss over the global batch"},
-      {"lockstep_rank_samples_per_second", "global samples per second, recent window"},
-      {"lockstep_rank_heartbeat_age_seconds", "seconds since the rank's last heartbeat"},
+  struct PerRank {
+    const char* name;
+    const char* help;
+    double (*value)(const v1::RankStatus&);
   };
-  for (const auto& [name, help] : per_rank) {
-    gauge(name, help, "gauge");
-    for (const auto& r : s.ranks()) {
-      const double value = std::string(name) == "lockstep_rank_step" ? double(r.step())
-                           : std::string(name) == "lockstep_rank_loss" ? r.loss()
-                           : std::string(name) == "lockstep_rank_samples_per_second" ? r.samples_per_s()
-                                                                                     : r.heartbeat_age_s();
-      out << name << "{" << run << ",rank=\"" << r.rank() << "\",host=\"" << label(r.host()) << "\"} " << value << "\n";
-    }
+  const PerRank per_rank[] = {
+      {"lockstep_rank_step", "optimizer steps the rank finished", [](const v1::RankStatus& r) { return double(r.step()); }},
+      {"lockstep_rank_loss", "the latest mean training loss over the global batch",
+       [](const v1::RankStatus& r) { return r.loss(); }},
+      {"lockstep_rank_samples_per_second", "global samples per second, recent window",
+       [](const v1::RankStatus& r) { return r.samples_per_s(); }},
+      {"lockstep_rank_heartbeat_age_seconds", "seconds since the rank's last heartbeat",
+       [](const v1::RankStatus& r) { return r.heartbeat_age_s(); }},
+  };
+  for (const auto& series : per_rank) {
+    gauge(series.name, series.help, "gauge");
+    for (const auto& r : s.ranks())
+      out << series.name << "{" << run << ",rank=\"" << r.rank() << "\",host=\"" << label(r.host()) << "\"} "
+          << series.value(r) << "\n";
   }
   return out.str();
 }

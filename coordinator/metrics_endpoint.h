@@ -7,7 +7,7 @@
 //   lockstep_world_size, lockstep_joined_workers, lockstep_generation,
 //   lockstep_restarts_total, lockstep_audits_total,
 //   lockstep_audit_disagreements_total, lockstep_first_drift_step (-1: none),
-//   lockstep_bad_files_skipped_total
+//   lockstep_bad_files_skipped_total, lockstep_skipped_steps_total
 //   lockstep_rank_step, lockstep_rank_loss, lockstep_rank_samples_per_second,
 //   lockstep_rank_heartbeat_age_seconds
 #include <atomic>

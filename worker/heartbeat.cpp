@@ -83,6 +83,11 @@ void HeartbeatLoop::on_skipped_files(int64_t before_training, int64_t in_batches
   latest_.set_files_skipped_in_batches(in_batches);
 }
 
+void HeartbeatLoop::on_skipped_steps(int64_t total) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  latest_.set_skipped_steps(total);
+}
+
 void HeartbeatLoop::on_audit(const nlohmann::json& summary) {
   std::lock_guard<std::mutex> lock(mutex_);
   unsent_audits_.push_back(summary.dump());

@@ -47,6 +47,7 @@ class HeartbeatLoop : public RunObserver {
   void on_audit(const nlohmann::json& summary) override;
   void on_eval(const std::string& summary) override;
   void on_skipped_files(int64_t before_training, int64_t in_batches) override;
+  void on_skipped_steps(int64_t total) override;
   bool stop_requested() override;
 
   // Stops sending (before the final Report).

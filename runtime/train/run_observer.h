@@ -29,6 +29,9 @@ class RunObserver {
   virtual void on_skipped_files(int64_t before_training, int64_t in_batches) {
     (void)before_training, (void)in_batches;
   }
+  // Optimizer steps that trained nothing so far (the gradient scaler found
+  // inf/NaN, or no rank had a valid target): whenever the count grows.
+  virtual void on_skipped_steps(int64_t total) { (void)total; }
   // After every audit, with its summary (AuditResult::to_json()).
   virtual void on_audit(const nlohmann::json& summary) { (void)summary; }
   // True once the run should end cleanly after the current step.

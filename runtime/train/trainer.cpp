@@ -85,8 +85,8 @@ class StepLoop {
   std::unique_ptr<optim::Optimizer> optimizer_;
   CheckpointStore checkpoints_;
   int64_t first_step_ = 0, microbatches_done_ = 0, last_epoch_ = 0;
-  int64_t skipped_reported_ = -1;
-  int64_t log_every_ = 1;          // job.log_every, or about a tenth of a short run  // rows skipped in batches, as last told to the observer
+  int64_t skipped_reported_ = -1;  // rows skipped in batches, as last told to the observer
+  int64_t log_every_ = 1;          // job.log_every, or about a tenth of a short run
   std::optional<Augmenter> augmenter_;  // before batches_: the stream uses it
   std::optional<BatchStream> batches_;
   int64_t steps_ = 0;
@@ -245,7 +245,11 @@ TrainingResult StepLoop::run() {
     if (updated && step == first_step_)  // start-up's end
       parts_.events.write({{"event", "first_step"}, {"step", step + 1}, {"total_steps", steps_}});
     checkpoint_after(step + 1, lr);
-    if (!updated) continue;
+    if (!updated) {
+      if (parts_.observer)
+        parts_.observer->on_skipped_steps(result_.skipped_steps + (scaler_ ? scaler_->skipped() : 0));
+      continue;
+    }
     log_step(step, lr, global_valid,
              std::chrono::duration<double>(PhaseTimer::Clock::now() - step_start).count());
     if (config_.eval.every > 0 && (step + 1) % config_.eval.every == 0 && step + 1 < steps_)
