@@ -220,6 +220,9 @@ void apply_overrides(JobConfig& config, const std::vector<std::string>& override
 // Cross-key checks (steps xor epochs, ...). Throws InputError.
 void validate(const JobConfig& config);
 
+// A number as the job's messages print it: six significant digits ("0.001", "1e+06").
+std::string format_number(double x);
+
 // Every key as "key=value", such that apply_overrides on a default
 // JobConfig rebuilds this one (how the coordinator ships the job).
 std::vector<std::string> effective_settings(const JobConfig& config);

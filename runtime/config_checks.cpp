@@ -1,0 +1,173 @@
+// The job's cross-key checks (validate) and the parsers of list-valued keys
+// (data.mean, data.image_size, fault.inject), apart from the key schema in
+// config.cpp. Every refusal is an InputError naming the key and what is allowed.
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "runtime/config.h"
+#include "runtime/errors.h"
+
+namespace lockstep {
+
+void validate(const JobConfig& config) {
+  const auto& job = config.job;
+  if ((job.steps > 0) == (job.epochs > 0))
+    throw InputError("set exactly one of job.steps and job.epochs (now job.steps = " +
+                     std::to_string(job.steps) + ", job.epochs = " + format_number(job.epochs) +
+                     ")");
+  auto rank_key = [&](const char* key, int64_t rank) {
+    if (rank >= job.world_size)
+      throw InputError("key '" + std::string(key) + "' = " + std::to_string(rank) +
+                       " names no rank: job.world_size is " + std::to_string(job.world_size) +
+                       " (allowed: -1 or 0.." + std::to_string(job.world_size - 1) + ")");
+  };
+  rank_key("test.hold_rank", config.test.hold_rank);
+  rank_key("test.fail_rank", config.test.fail_rank);
+  for (const auto& fault : parse_injected_faults(config.fault.inject))
+    rank_key("fault.inject", fault.rank);
+  // Periods and timeouts shorter than a millisecond (0.001 s) are refused by
+  // their ranges above: they would round to 0 ms, which c10d reads as "no
+  // timeout", or spin a loop.
+  if (config.fault.heartbeat_timeout_s <= config.fault.heartbeat_s)
+    throw InputError("fault.heartbeat_timeout_s = " + format_number(config.fault.heartbeat_timeout_s) +
+                     " must be above fault.heartbeat_s = " + format_number(config.fault.heartbeat_s) +
+                     ": otherwise every healthy rank is declared dead between two heartbeats "
+                     "(a few heartbeats, e.g. 10 x fault.heartbeat_s, is usual)");
+  if (job.name.empty() || job.name.size() > 100 ||
+      job.name.find_first_of("/\\") != std::string::npos || job.name == "." || job.name == "..")
+    throw InputError("job.name '" + job.name.substr(0, 120) + (job.name.size() > 120 ? "…" : "") +
+                     "': it names the run's folder, so 1 to 100 characters without '/' (now " +
+                     std::to_string(job.name.size()) + ")");
+  if (config.optim.nesterov && (config.optim.name != "sgd" || config.optim.momentum <= 0))
+    throw InputError("optim.nesterov = true needs optim.name = sgd with optim.momentum > 0 (now " +
+                     config.optim.name + ", momentum " + format_number(config.optim.momentum) + ")");
+  if (config.loss.label_smoothing > 0 && config.loss.name != "cross_entropy")
+    throw InputError("key 'loss.label_smoothing' applies to loss.name = cross_entropy only (now " +
+                     config.loss.name + ")");
+  if (config.model.name != "torchscript" && (!config.model.path.empty() || !config.model.output.empty()))
+    throw InputError("keys 'model.path' and 'model.output' apply to model.name = torchscript only "
+                     "(now " + config.model.name + ")");
+  if (config.model.name == "torchscript" && config.model.path.empty())
+    throw InputError("model.name = torchscript needs model.path: a module saved from Python with "
+                     "torch.jit.script(model).save(\"net.pt\") (tools/lockstep_model.py does it)");
+  if (config.loss.name == "model" && config.model.name != "torchscript")
+    throw InputError("loss.name = model uses the TorchScript module's own loss(output, target) "
+                     "method, so it needs model.name = torchscript (now " + config.model.name + ")");
+  const bool from_files = config.data.name == "arrays" || config.data.name == "images";
+  if (config.data.name == "arrays" && (config.data.train.empty() || config.data.test.empty()))
+    throw InputError("data.name = arrays needs data.train and data.test: .npz files written by "
+                     "numpy.savez (arrays x and y), or folders holding x.npy (inputs) and y.npy (targets)");
+  if (config.data.name == "images" && (config.data.train.empty() || config.data.test.empty()))
+    throw InputError("data.name = images needs data.train and data.test: folders holding one "
+                     "sub-folder of .png / .jpg images per class (train/cat/1.png, train/dog/2.jpg, ...)");
+  if (!from_files && (config.data.scale != 1.0 || !config.data.mean.empty() || !config.data.std.empty()))
+    throw InputError("keys 'data.scale', 'data.mean' and 'data.std' apply to data.name = arrays or "
+                     "images only (now " + config.data.name + ")");
+  if (config.data.name != "images" &&
+      (!config.data.image_size.empty() || config.data.channels != 0 || config.data.workers != 0 ||
+       config.data.bad_files != "error"))
+    throw InputError("keys 'data.image_size', 'data.channels', 'data.workers' and 'data.bad_files' "
+                     "apply to data.name = images only (now " + config.data.name + ")");
+  if (config.data.channels == 2)
+    throw InputError("key 'data.channels' = 2: allowed are 1 (grey), 3 (RGB) or 0 (as the first "
+                     "training image)");
+  if (!config.data.image_size.empty()) {
+    const auto parts = split_names(config.data.image_size);
+    bool good = parts.size() == 1 || parts.size() == 2;
+    for (const auto& part : parts) {
+      size_t used = 0;
+      long value = 0;
+      try {
+        value = std::stol(part, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      good = good && used == part.size() && value >= 1 && value <= 16384;
+    }
+    if (!good)
+      throw InputError("key 'data.image_size' = '" + config.data.image_size + "': one size (\"32\": "
+                       "32 x 32) or height and width (\"64,48\"), each 1 to 16384 pixels");
+  }
+  for (const char* key : {"data.mean", "data.std"}) {
+    const std::string& text = std::string(key) == "data.mean" ? config.data.mean : config.data.std;
+    for (const auto& item : split_names(text)) {
+      size_t used = 0;
+      double value = 0;
+      try {
+        value = std::stod(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != item.size() || !std::isfinite(value) || (std::string(key) == "data.std" && value <= 0))
+        throw InputError("key '" + std::string(key) + "' = '" + text + "': '" + item + "' is not " +
+                         (std::string(key) == "data.std" ? "a number above 0" : "a number") +
+                         " (a comma-separated list, one per channel, or one for all)");
+    }
+  }
+  if (split_names(config.data.mean).size() != split_names(config.data.std).size() &&
+      !config.data.std.empty() && !config.data.mean.empty())
+    throw InputError("data.mean has " + std::to_string(split_names(config.data.mean).size()) +
+                     " values and data.std " + std::to_string(split_names(config.data.std).size()) +
+                     "; give one per channel for both");
+  if (!from_files && (!config.data.train.empty() || !config.data.test.empty()))
+    throw InputError("keys 'data.train' and 'data.test' apply to data.name = arrays or images only (now " +
+                     config.data.name + ")");
+  if (config.data.name != "synthetic" && config.data.missing_targets > 0)
+    throw InputError("key 'data.missing_targets' applies to data.name = synthetic only (now " +
+                     config.data.name + ")");
+}
+
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> names;
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    const auto first = item.find_first_not_of(' '), last = item.find_last_not_of(' ');
+    if (first != std::string::npos) names.push_back(item.substr(first, last - first + 1));
+  }
+  return names;
+}
+
+std::vector<InjectedFault> parse_injected_faults(const std::string& text) {
+  std::vector<InjectedFault> faults;
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ';')) {
+    if (item.find_first_not_of(' ') == std::string::npos) continue;
+    std::vector<std::string> parts;
+    std::stringstream fields(item);
+    for (std::string field; std::getline(fields, field, ':');) parts.push_back(field);
+    auto bad = [&](const std::string& why) {
+      return InputError("fault.inject item '" + item + "': " + why +
+                        " (formats: perturb:TENSOR:RANK:STEP:AMOUNT, double_scale:TENSOR:RANK:STEP, "
+                        "inf_grad:TENSOR:RANK:STEP)");
+    };
+    InjectedFault fault;
+    fault.kind = parts.empty() ? "" : parts[0];
+    const size_t expected = fault.kind == "perturb"                                 ? 5
+                            : fault.kind == "double_scale" || fault.kind == "inf_grad" ? 4
+                                                                                        : 0;
+    if (expected == 0) throw bad("unknown kind '" + fault.kind + "'");
+    if (parts.size() != expected) throw bad("expected " + std::to_string(expected) + " fields");
+    fault.tensor = parts[1];
+    try {
+      size_t used = 0;
+      fault.rank = std::stoll(parts[2], &used);
+      if (used != parts[2].size() || fault.rank < 0) throw bad("RANK must be an integer >= 0");
+      fault.step = std::stoll(parts[3], &used);
+      if (used != parts[3].size() || fault.step < 1) throw bad("STEP must be an integer >= 1");
+      if (expected == 5) {
+        fault.amount = std::stod(parts[4], &used);
+        // inf is allowed: it plants an overflow for precision.check_overflow to find.
+        if (used != parts[4].size() || std::isnan(fault.amount)) throw bad("AMOUNT must be a number");
+      }
+    } catch (const std::logic_error&) {
+      throw bad("RANK and STEP must be integers, AMOUNT a number");
+    }
+    if (fault.tensor.empty()) throw bad("TENSOR is empty");
+    faults.push_back(fault);
+  }
+  return faults;
+}
+
+}  // namespace lockstep
