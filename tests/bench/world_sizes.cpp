@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
     }
   nlohmann::json out = {
       {"benchmark", "world_sizes"},
-      {"setup", {{"job", "examples/fashion_mnist_cnn.toml, model.dropout = 0, eval at the end only"},
+      {"setup", {{"job", "examples/fashion_mnist_cnn.toml, model.dropout = 0, precision = fp32, eval at the end only"},
                  {"steps", steps}, {"global_batch", global_batch}, {"world_sizes", {1, 2, 4}},
                  {"distance", "|theta_W - theta_1| / |theta_1| over all parameters, after each step"},
                  {"jump", "a step where the distance grew more than 3x"},

@@ -188,7 +188,8 @@ std::vector<WorldSizeDrift> measure_world_sizes(const std::string& model, const 
   auto train = [&](int world) {
     const std::string runs = dir + "/" + model + "-" + std::to_string(world);
     std::vector<std::string> args = {"run", job, "--nproc", std::to_string(world)};
-    for (const std::string& set : std::vector<std::string>{"model.name=" + model, "model.dropout=0", "job.epochs=0", "job.steps=" + std::to_string(steps),
+    for (const std::string& set : std::vector<std::string>{"model.name=" + model, "model.dropout=0", "precision=fp32",
+          "job.epochs=0", "job.steps=" + std::to_string(steps),
           "data.batch_size=" + std::to_string(global_batch / world), "checkpoint.every=1",
           "checkpoint.keep=1000", "eval.every=0", "job.run_dir=" + runs}) {
       args.push_back("--set");

@@ -55,7 +55,8 @@ struct WorldSizeDrift {
 };
 
 // Trains examples/fashion_mnist_cnn.toml with `model` (mlp or cnn), no
-// dropout, for `steps` steps with a global batch of `global_batch`, once
+// dropout, in fp32 (precision = auto picks bf16 on a CPU with native bf16,
+// whose rounding would hide the summation-order differences measured), for `steps` steps with a global batch of `global_batch`, once
 // on one rank and once on each of `world_sizes` (real lockstep processes,
 // checkpoints every step in `dir`), and compares each with the one-rank
 // run. A failed run throws, with its output.
