@@ -58,12 +58,14 @@ mungekey -c -k "$tmp/munge.key" || exit 1
 munged --force -S "$tmp/munge.sock" --key-file="$tmp/munge.key" --log-file="$tmp/munged.log" \
   --pid-file="$tmp/munged.pid" --seed-file="$tmp/munged.seed" || { echo "munged did not start"; exit 1; }
 mkdir -p "$tmp/state" "$tmp/spool/n1" "$tmp/spool/n2" "$tmp/runs"
+# cred_expire=10: a requeued job waits the credential lifetime before it
+# starts again, 120 s by default (two requeues: four minutes of waiting).
 cat > "$tmp/slurm.conf" << CONF
 ClusterName=lockstep-test
 SlurmctldHost=ctl(10.77.0.1)
 SlurmUser=root
 AuthType=auth/munge
-AuthInfo=socket=$tmp/munge.sock
+AuthInfo=socket=$tmp/munge.sock,cred_expire=10
 CredType=cred/munge
 ProctrackType=proctrack/pgid
 TaskPlugin=task/none
