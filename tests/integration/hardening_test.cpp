@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -145,7 +146,9 @@ TEST(Hardening, TheStoreIsBehindTheTokenAndTheCoordinatorListensOnOnePort) {
 TEST(Hardening, OneByteHeldOnEveryPortTheJobListensOnStallsNothing) {
   TempDir dir;
   // Checkpoints and their barriers every 10 steps; a 2 s barrier timeout.
-  Cluster cluster(dir, {"job.steps=600", "fault.heartbeat_s=0.5", "comm.barrier_timeout_s=2",
+  // The job is ended by a stop (SIGUSR1), not by its step count: a fixed
+  // count small enough to end soon was over before the hold on a fast CPU.
+  Cluster cluster(dir, {"job.steps=100000", "fault.heartbeat_s=0.5", "comm.barrier_timeout_s=2",
                         "checkpoint.every=10"});
   auto& a = cluster.add_worker();
   auto& b = cluster.add_worker();
@@ -168,14 +171,17 @@ TEST(Hardening, OneByteHeldOnEveryPortTheJobListensOnStallsNothing) {
   const int64_t during = cluster.min_step();
   EXPECT_GE(during, before + 10) << "training stalled while " << held.size()
                                  << " connections held one byte each";
+  // A stop, still holding: one more agreed step, a checkpoint and its barrier.
   const auto start = Clock::now();
-  EXPECT_EQ(cluster.coordinator->wait(90), 0) << cluster.coordinator->output();
+  cluster.coordinator->signal(SIGUSR1);
+  EXPECT_EQ(cluster.coordinator->wait(90), 75) << cluster.coordinator->output();
   EXPECT_EQ(a.wait(10), 0) << a.output();
   EXPECT_EQ(b.wait(10), 0) << b.output();
   for (int fd : held) ::close(fd);
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 90.0);
   const auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
-  EXPECT_EQ(manifest["status"], "completed");
+  EXPECT_EQ(manifest["status"], "stopped") << manifest.dump(2);
+  EXPECT_GE(manifest.value("stopped_at_step", int64_t(0)), during);
 }
 
 TEST(Hardening, DeeplyNestedJsonIsRefusedByTheCoordinatorAndByAudit) {
