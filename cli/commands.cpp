@@ -32,7 +32,7 @@
 #include "runtime/model/models.h"
 #include "runtime/precision/probe.h"
 #include "runtime/run_folder.h"
-#include "worker/coordinator_client.h"
+#include "worker/coordinator_rendezvous.h"
 #include "worker/heartbeat.h"
 #include "worker/worker.h"
 

@@ -9,7 +9,6 @@
 
 #include "lockstep/proto/lockstep.pb.h"
 #include "runtime/config.h"
-#include "runtime/comm/rendezvous.h"
 
 namespace grpc {
 class Channel;
@@ -58,18 +57,5 @@ std::string describe(const grpc::Status& status);
 
 // The job the coordinator shipped, rebuilt and validated from its settings.
 JobConfig config_from_join(const v1::JoinReply& reply);
-
-// A rank placed by the coordinator: the store is the coordinator's, reached
-// through `client` (which must outlive the result's store).
-class CoordinatorRendezvous : public Rendezvous {
- public:
-  CoordinatorRendezvous(v1::JoinReply reply, CoordinatorClient& client)
-      : reply_(std::move(reply)), client_(client) {}
-  RendezvousResult join(std::chrono::milliseconds timeout) override;
-
- private:
-  v1::JoinReply reply_;
-  CoordinatorClient& client_;
-};
 
 }  // namespace lockstep

@@ -1,9 +1,11 @@
 #pragma once
 // A coordinator and workers as separate real processes on loopback, the way
 // they would run on separate machines.
+#include <chrono>
 #include <memory>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
