@@ -18,6 +18,10 @@
 # for two cores to share. Sources in one group share a unit: names in their
 # anonymous namespaces must differ.
 set(LOCKSTEP_UNITY_BATCH 4 CACHE STRING "torch sources per unity unit (1: no unity build)")
+if(NOT LOCKSTEP_UNITY_BATCH MATCHES "^[1-9][0-9]*$")
+  message(FATAL_ERROR "LOCKSTEP_UNITY_BATCH = '${LOCKSTEP_UNITY_BATCH}': allowed are whole numbers "
+                      "from 1 (each torch source on its own) up; the default is 4")
+endif()
 
 # Sets `out` to ON when `file` includes torch, directly or through a project header.
 function(_lockstep_reaches_torch file out)
