@@ -11,7 +11,7 @@ packages=(
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
   libtomlplusplus-dev libcli11-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev libpng-dev libjpeg-dev
   dataset-fashion-mnist openssl
-  iproute2 util-linux
+  iproute2 util-linux time
   slurmd slurmctld slurm-client munge python3-yaml
   python3-torch python3-numpy python3-torchvision python3-pil
   python3-protobuf python3-crc32c

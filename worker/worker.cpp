@@ -81,6 +81,38 @@ void check_model_settings(const JobConfig& config, Model& model) {
   }
 }
 
+// Class targets of every split against the model's outputs: one max and
+// one min over each split's targets, so a label the first batch does not
+// hold (class 200 in the last row, an eleventh class folder) is refused now
+// rather than failing a rank mid-run.
+void check_class_targets(const JobConfig& config, const TrainTestData& data, const at::Tensor& output) {
+  if (config.loss.name != "cross_entropy" || output.dim() != 2) return;
+  const int64_t classes = output.size(1);
+  const std::vector<std::pair<std::string, const Dataset*>> splits = {
+      {"data.train", &data.train}, {"data.test", &data.test}, {"data.validation", &data.validation}};
+  for (const auto& [key, set] : splits) {
+    if (!set->targets.defined() || set->targets.numel() == 0 || at::isFloatingType(set->targets.scalar_type()))
+      continue;
+    const at::Tensor targets = set->targets.to(at::kLong).flatten();
+    const int64_t low = targets.min().item<int64_t>(), high = targets.max().item<int64_t>();
+    const std::string source = key + " (" + config.data.name + ")";
+    if (low < -1)
+      throw InputError(source + " holds class target " + std::to_string(low) + " (row " +
+                       std::to_string(targets.argmin().item<int64_t>()) + "); class targets are 0 to " +
+                       std::to_string(classes - 1) + ", and -1 marks a missing target");
+    if (high >= classes) {
+      std::string hint = "; give the model " + std::to_string(high + 1) + " outputs, or fix the targets";
+      if (!data.classes.empty())
+        hint = ": the data has " + std::to_string(data.classes.size()) + " classes (" + data.classes.front() +
+               " ... " + data.classes.back() + ") for the model's " + std::to_string(classes) + " outputs" + hint;
+      throw InputError(source + " holds class target " + std::to_string(high) + " (row " +
+                       std::to_string(targets.argmax().item<int64_t>()) + ") but " + config.model.name +
+                       " gives " + std::to_string(classes) + " outputs (classes 0 to " +
+                       std::to_string(classes - 1) + ")" + hint);
+    }
+  }
+}
+
 }  // namespace
 
 void check_injected_faults(const JobConfig& config, const ModelRegistry& registry) {
@@ -121,6 +153,7 @@ std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRe
                      "'s output " + c10::str(output.sizes()) + " and the targets " +
                      c10::str(target.sizes()) + ": " + message);
   }
+  check_class_targets(config, data, output);
   return model->decisions();
 }
 

@@ -15,6 +15,7 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -80,6 +81,16 @@ uint32_t be32(const std::string& b, size_t at) {
 
 uint32_t be16(const std::string& b, size_t at) { return uint32_t(uint8_t(b[at])) << 8 | uint8_t(b[at + 1]); }
 
+// As PIL's Image.MAX_IMAGE_PIXELS: a larger image is taken for a
+// decompression bomb (a few MB of PNG that decodes to gigabytes).
+constexpr int64_t kMaxImagePixels = 89478485;
+
+std::string too_many_pixels(const ImageHeader& header) {
+  if (header.width * header.height <= kMaxImagePixels) return "";
+  return fmt::format("{} x {} pixels, more than the {} allowed (a decompression bomb?); resize it first",
+                     header.width, header.height, kMaxImagePixels);
+}
+
 const std::string kPngSignature("\x89PNG\r\n\x1a\n", 8);
 const std::string kPngEnd("\0\0\0\0IEND\xae\x42\x60\x82", 12);
 
@@ -103,7 +114,7 @@ std::string check_image_file(const std::string& path, ImageHeader* header) {
     header->colour = (uint8_t(head[25]) & 2) != 0;
     if (tail.size() < 12 || tail.compare(tail.size() - 12, 12, kPngEnd) != 0)
       return "PNG without its IEND chunk at the end (truncated, or bytes appended)";
-    return "";
+    return too_many_pixels(*header);
   }
   if (head.size() >= 3 && uint8_t(head[0]) == 0xFF && uint8_t(head[1]) == 0xD8 && uint8_t(head[2]) == 0xFF) {
     header->format = Format::kJpeg;
@@ -126,7 +137,7 @@ std::string check_image_file(const std::string& path, ImageHeader* header) {
     for (size_t i = 0; i + 1 < tail.size(); ++i)
       if (uint8_t(tail[i]) == 0xFF && uint8_t(tail[i + 1]) == 0xD9) ended = true;
     if (!ended) return "JPEG without its end marker (truncated)";
-    return "";
+    return too_many_pixels(*header);
   }
   std::string start;
   for (size_t i = 0; i < std::min<size_t>(head.size(), 8); ++i) start += fmt::format("{:02x}", uint8_t(head[i]));
@@ -383,6 +394,32 @@ struct Listing {
   int64_t ignored = 0;           // files with other extensions
 };
 
+// Whether `text` is valid UTF-8 (no overlong forms, no surrogates).
+bool valid_utf8(const std::string& text) {
+  for (size_t i = 0; i < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    const size_t length = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (length == 0 || length > text.size() - i) return false;
+    uint32_t code = length == 1 ? c : c & (0x7f >> length);
+    for (size_t k = 1; k < length; ++k) {
+      const unsigned char next = static_cast<unsigned char>(text[i + k]);
+      if ((next >> 6) != 2) return false;
+      code = code << 6 | (next & 0x3f);
+    }
+    const uint32_t lowest[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (code < lowest[length] || code > 0x10ffff || (code >= 0xd800 && code <= 0xdfff)) return false;
+    i += length;
+  }
+  return true;
+}
+
+// A name for messages: bytes outside printable ASCII as \xNN.
+std::string escaped(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text) out += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
+  return out;
+}
+
 std::vector<std::string> class_folders(const std::string& folder, const std::string& key) {
   std::error_code error;
   if (!fs::is_directory(folder, error))
@@ -393,6 +430,10 @@ std::vector<std::string> class_folders(const std::string& folder, const std::str
     if (entry.is_directory() && entry.path().filename().string()[0] != '.')
       names.push_back(entry.path().filename().string());
   if (error) throw InputError(key + " = " + folder + ": cannot list (" + error.message() + ")");
+  for (const auto& name : names)
+    if (!valid_utf8(name))
+      throw InputError(key + " = " + folder + ": class folder '" + escaped(name) + "' is not a UTF-8 name "
+                       "(class names go into the manifest and the report as text); rename it");
   std::sort(names.begin(), names.end());
   if (names.empty())
     throw InputError(key + " = " + folder + ": holds no sub-folders; data.name = images expects one "
@@ -415,10 +456,26 @@ Listing list_images(const std::string& folder, const std::string& key, const std
     std::vector<std::pair<std::string, std::string>> files;
     std::error_code error;
     const fs::path root = fs::path(folder) / name;
+    // Links to folders are followed, so a link back up would list the same
+    // files again and again: every folder is entered once, by its identity.
+    std::map<std::pair<dev_t, ino_t>, std::string> entered;
+    auto enter = [&](const fs::path& dir) {
+      struct stat info {};
+      if (::stat(dir.c_str(), &info) != 0) return;
+      const auto [first, fresh] = entered.emplace(std::make_pair(info.st_dev, info.st_ino), dir.string());
+      if (!fresh)
+        throw InputError(dir.string() + ": is the folder " + first->second + " again (a link loop, or a folder "
+                         "linked twice): its images would be listed more than once; remove the link");
+    };
+    enter(root);
     for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::follow_directory_symlink, error);
          it != fs::recursive_directory_iterator(); it.increment(error)) {
       if (error) break;
       std::error_code kind;
+      if (it->is_directory(kind)) {
+        enter(it->path());
+        continue;
+      }
       if (!it->is_regular_file(kind)) continue;
       if (!is_image_name(it->path())) {
         ++out.ignored;

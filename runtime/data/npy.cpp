@@ -9,10 +9,10 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <regex>
 
 #include <torch/torch.h>
 
+#include "runtime/data/npy_header.h"
 #include "runtime/errors.h"
 
 namespace lockstep {
@@ -59,6 +59,9 @@ at::ScalarType dtype_of(const std::string& where, const std::string& descr) {
   if (big_endian)
     throw InputError(where + ": dtype '" + descr + "' is big-endian; save "
                      "a.astype(a.dtype.newbyteorder('<')) instead");
+  if (descr.size() > 16)
+    throw InputError(where + ": dtype of " + std::to_string(descr.size()) + " characters is not supported (allowed: " +
+                     allowed + ")");
   if (descr.size() != 3 || (descr[0] != '<' && descr[0] != '|' && descr[0] != '>') ||
       !known.count(descr.substr(1)))
     throw InputError(where + ": dtype '" + descr + "' is not supported (allowed: " + allowed + ")");
@@ -72,43 +75,17 @@ struct NpyLayout {
   int64_t data_bytes = 0;
 };
 
-// Parses the header at `bytes` (a whole .npy of `size` bytes).
+// Parses the header at `bytes` (a whole .npy of `size` bytes) and checks
+// that the file holds exactly the bytes it promises.
 NpyLayout parse_npy(const uint8_t* bytes, size_t size, const std::string& where) {
-  if (size < 10 || std::memcmp(bytes, "\x93NUMPY", 6) != 0)
-    throw InputError(where + ": not a .npy array (no \\x93NUMPY magic); write it with numpy.save");
-  const int major = bytes[6];
-  if (major < 1 || major > 3)
-    throw InputError(where + ": .npy version " + std::to_string(major) + " (allowed: 1, 2, 3)");
-  size_t header_length = 0, start = major == 1 ? 10 : 12;
-  if (size < start) throw InputError(where + ": truncated .npy header");
-  header_length = major == 1 ? size_t(bytes[8]) | size_t(bytes[9]) << 8
-                             : size_t(bytes[8]) | size_t(bytes[9]) << 8 | size_t(bytes[10]) << 16 |
-                                   size_t(bytes[11]) << 24;
-  if (start + header_length > size) throw InputError(where + ": truncated .npy header");
-  const std::string header(reinterpret_cast<const char*>(bytes + start), header_length);
-
-  std::smatch match;
-  if (!std::regex_search(header, match, std::regex("'descr'\\s*:\\s*'([^']*)'")))
-    throw InputError(where + ": the .npy header has no simple 'descr' (structured or object dtypes "
-                     "are not supported): " + header.substr(0, 120));
+  const NpyHeader header = parse_npy_header(bytes, size, where);
   NpyLayout layout;
-  layout.dtype = dtype_of(where, match[1]);
-  if (!std::regex_search(header, match, std::regex("'fortran_order'\\s*:\\s*(True|False)")))
-    throw InputError(where + ": the .npy header has no 'fortran_order'");
-  if (match[1] == "True")
+  layout.dtype = dtype_of(where, header.descr);
+  if (header.fortran_order)
     throw InputError(where + ": the array is in Fortran order; save numpy.ascontiguousarray(a)");
-  if (!std::regex_search(header, match, std::regex("'shape'\\s*:\\s*\\(([^)]*)\\)")))
-    throw InputError(where + ": the .npy header has no 'shape'");
-  const std::string dims = match[1];
-  const std::regex number("[0-9]+");
-  for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it)
-    layout.shape.push_back(std::stoll(it->str()));
-  if (layout.shape.empty())
-    throw InputError(where + ": a 0-dimensional array; one row per sample is needed");
-  int64_t count = 1;
-  for (int64_t d : layout.shape) count *= d;
-  layout.data_offset = start + header_length;
-  layout.data_bytes = count * int64_t(c10::elementSize(layout.dtype));
+  layout.shape = header.shape;
+  layout.data_offset = header.data_offset;
+  layout.data_bytes = npy_data_bytes(layout.shape, int64_t(c10::elementSize(layout.dtype)), where);
   const int64_t held = int64_t(size) - int64_t(layout.data_offset);
   if (held != layout.data_bytes)
     throw InputError(where + ": the header promises " + std::to_string(layout.data_bytes) +
@@ -140,6 +117,12 @@ uint32_t u16(const uint8_t* p) { return uint32_t(p[0]) | uint32_t(p[1]) << 8; }
 uint32_t u32(const uint8_t* p) { return u16(p) | u16(p + 2) << 16; }
 uint64_t u64(const uint8_t* p) { return uint64_t(u32(p)) | uint64_t(u32(p + 4)) << 32; }
 
+// Whether the `length` bytes from `offset` lie inside a file of `size` bytes.
+// Written so that no sum can wrap, whatever a hostile file claims.
+bool within(uint64_t offset, uint64_t length, size_t size) {
+  return offset <= size && length <= size - offset;
+}
+
 struct ZipMember {
   std::string name;
   uint32_t method = 0;
@@ -147,6 +130,8 @@ struct ZipMember {
 };
 
 // The central directory of a zip (zip64 included), as numpy writes it.
+// Every offset and length read from the file is checked against its size
+// before it is used.
 std::vector<ZipMember> zip_members(const MappedFile& file, const std::string& path) {
   const uint8_t* data = file.data();
   const size_t size = file.size();
@@ -161,31 +146,42 @@ std::vector<ZipMember> zip_members(const MappedFile& file, const std::string& pa
   uint64_t entries = u16(data + end + 10), directory = u32(data + end + 16);
   if ((entries == 0xffff || directory == 0xffffffff) && end >= 20 && u32(data + end - 20) == 0x07064b50) {
     const uint64_t record = u64(data + end - 20 + 8);
-    if (record + 56 > size || u32(data + record) != 0x06064b50) throw bad("damaged zip64 record");
+    if (!within(record, 56, size) || u32(data + record) != 0x06064b50) throw bad("damaged zip64 record");
     entries = u64(data + record + 32);
     directory = u64(data + record + 48);
   }
+  // Each entry takes at least 46 bytes: a count past that is a lie.
+  if (entries > size / 46) throw bad("the directory claims " + std::to_string(entries) + " members");
   std::vector<ZipMember> members;
-  size_t at = size_t(directory);
+  uint64_t at = directory;
   for (uint64_t i = 0; i < entries; ++i) {
-    if (at + 46 > size || u32(data + at) != 0x02014b50) throw bad("damaged central directory");
+    if (!within(at, 46, size) || u32(data + at) != 0x02014b50) throw bad("damaged central directory");
     ZipMember m;
     m.method = u16(data + at + 10);
     m.compressed = u32(data + at + 20);
     m.uncompressed = u32(data + at + 24);
-    const size_t name_length = u16(data + at + 28), extra_length = u16(data + at + 30),
-                 comment_length = u16(data + at + 32);
+    const uint64_t name_length = u16(data + at + 28), extra_length = u16(data + at + 30),
+                   comment_length = u16(data + at + 32);
     m.local_header = u32(data + at + 42);
-    if (at + 46 + name_length + extra_length > size) throw bad("damaged central directory");
+    if (!within(at + 46, name_length + extra_length + comment_length, size)) throw bad("damaged central directory");
     m.name.assign(reinterpret_cast<const char*>(data + at + 46), name_length);
     // zip64: the 64-bit values of the fields that hold 0xffffffff, in order.
-    for (size_t x = at + 46 + name_length; x + 4 <= at + 46 + name_length + extra_length;) {
-      const uint32_t id = u16(data + x), length = u16(data + x + 2);
+    const uint64_t extra_end = at + 46 + name_length + extra_length;
+    for (uint64_t x = at + 46 + name_length; extra_end - x >= 4;) {
+      const uint64_t id = u16(data + x), length = u16(data + x + 2);
+      if (length > extra_end - x - 4) throw bad("damaged extra field of " + m.name);
       if (id == 0x0001) {
-        size_t field = x + 4;
-        if (m.uncompressed == 0xffffffff) m.uncompressed = u64(data + field), field += 8;
-        if (m.compressed == 0xffffffff) m.compressed = u64(data + field), field += 8;
-        if (m.local_header == 0xffffffff) m.local_header = u64(data + field);
+        uint64_t field = x + 4;
+        const uint64_t field_end = field + length;
+        auto next = [&]() {
+          if (field_end - field < 8) throw bad("damaged zip64 field of " + m.name);
+          const uint64_t value = u64(data + field);
+          field += 8;
+          return value;
+        };
+        if (m.uncompressed == 0xffffffff) m.uncompressed = next();
+        if (m.compressed == 0xffffffff) m.compressed = next();
+        if (m.local_header == 0xffffffff) m.local_header = next();
       }
       x += 4 + length;
     }
@@ -193,6 +189,67 @@ std::vector<ZipMember> zip_members(const MappedFile& file, const std::string& pa
     at += 46 + name_length + extra_length + comment_length;
   }
   return members;
+}
+
+// Inflates a deflated member that claims `claimed` bytes. The claim is
+// never allocated on trust: it must be one deflate can produce from the
+// compressed size, the member's own .npy header (inflated first) must
+// promise the same, and the buffer grows as data arrives.
+std::shared_ptr<std::vector<uint8_t>> inflate_member(const uint8_t* input, uint64_t compressed, uint64_t claimed,
+                                                     const std::string& where) {
+  // Deflate's largest expansion is 1032:1 (258 bytes from 2 bits).
+  constexpr uint64_t kMaxRatio = 1032;
+  if (claimed / kMaxRatio > compressed + 64)
+    throw InputError(where + ": the zip directory claims " + std::to_string(claimed) + " bytes from " +
+                     std::to_string(compressed) + " deflated bytes, more than deflate can produce (damaged)");
+  z_stream stream{};
+  if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) throw InputError(where + ": cannot start zlib");
+  struct End {
+    z_stream* s;
+    ~End() { inflateEnd(s); }
+  } end{&stream};
+  auto out = std::make_shared<std::vector<uint8_t>>();
+  // zlib counts in 32 bits: feed and drain it in slices of at most 1 GiB.
+  constexpr uint64_t kSlice = uint64_t(1) << 30;
+  uint64_t in_left = compressed;
+  stream.next_in = const_cast<uint8_t*>(input);
+  // First only the .npy header: its promise is checked before the rest.
+  uint64_t limit = std::min<uint64_t>(claimed, kMaxNpyHeaderBytes + 12);
+  bool header_checked = false;
+  int status = Z_OK;
+  while (true) {
+    if (out->size() == limit) {
+      if (!header_checked) {
+        const NpyHeader header = parse_npy_header(out->data(), out->size(), where);
+        const int64_t element = int64_t(c10::elementSize(dtype_of(where, header.descr)));
+        const uint64_t promised = header.data_offset + uint64_t(npy_data_bytes(header.shape, element, where));
+        if (promised != claimed)
+          throw InputError(where + ": the zip directory claims " + std::to_string(claimed) +
+                           " bytes, its .npy header promises " + std::to_string(promised) + " (damaged)");
+        header_checked = true;
+      }
+      if (out->size() == claimed) break;
+      // Grow by doubling, from 64 MiB, never past the checked claim.
+      limit = std::min<uint64_t>(claimed, std::max<uint64_t>(out->size() * 2, uint64_t(64) << 20));
+    }
+    if (status == Z_STREAM_END) break;
+    const size_t used = out->size();
+    out->resize(size_t(std::min<uint64_t>(limit, used + kSlice)));
+    stream.next_out = out->data() + used;
+    stream.avail_out = uInt(out->size() - used);
+    if (stream.avail_in == 0 && in_left > 0) {
+      stream.avail_in = uInt(std::min(in_left, kSlice));
+      in_left -= stream.avail_in;
+    }
+    status = inflate(&stream, Z_NO_FLUSH);
+    out->resize(used + (out->size() - used - stream.avail_out));
+    if (status == Z_BUF_ERROR && stream.avail_in == 0 && in_left == 0) break;  // input ran out
+    if (status != Z_OK && status != Z_STREAM_END && status != Z_BUF_ERROR) break;
+  }
+  if (status != Z_STREAM_END || out->size() != claimed)
+    throw InputError(where + ": the deflated member does not inflate to its " + std::to_string(claimed) +
+                     " bytes (damaged or truncated)");
+  return out;
 }
 
 }  // namespace
@@ -262,42 +319,17 @@ LoadedArray load_npz_member(const std::string& path, const std::string& name) {
                      "); name the arrays with data.inputs_key / data.targets_key");
   const uint8_t* data = file->data();
   const uint64_t local = found->local_header;
-  if (local + 30 > file->size() || u32(data + local) != 0x04034b50)
+  if (!within(local, 30, file->size()) || u32(data + local) != 0x04034b50)
     throw InputError(where + ": damaged local header (truncated?)");
   const uint64_t start = local + 30 + u16(data + local + 26) + u16(data + local + 28);
-  if (start + found->compressed > file->size())
+  if (!within(start, found->compressed, file->size()))
     throw InputError(where + ": the member runs past the end of the file (truncated)");
   if (found->method == 0)
     return view_npy(data + start, size_t(found->compressed), file, where, path, int64_t(start));
   if (found->method != 8)
     throw InputError(where + ": compression method " + std::to_string(found->method) +
                      " (allowed: stored, deflated: what numpy.savez and savez_compressed write)");
-  auto inflated = std::make_shared<std::vector<uint8_t>>(size_t(found->uncompressed));
-  z_stream stream{};
-  if (inflateInit2(&stream, -MAX_WBITS) != Z_OK) throw InputError(where + ": cannot start zlib");
-  // zlib counts in 32 bits: feed and drain it in slices of at most 1 GiB.
-  constexpr uint64_t kSlice = uint64_t(1) << 30;
-  uint64_t in_left = found->compressed, out_left = inflated->size();
-  stream.next_in = const_cast<uint8_t*>(data + start);
-  stream.next_out = inflated->data();
-  int status = Z_OK;
-  while (status == Z_OK) {
-    if (stream.avail_in == 0 && in_left > 0) {
-      stream.avail_in = uInt(std::min(in_left, kSlice));
-      in_left -= stream.avail_in;
-    }
-    if (stream.avail_out == 0 && out_left > 0) {
-      stream.avail_out = uInt(std::min(out_left, kSlice));
-      out_left -= stream.avail_out;
-    }
-    status = inflate(&stream, Z_NO_FLUSH);
-    if (status == Z_BUF_ERROR && stream.avail_in == 0 && in_left == 0) break;  // input ran out
-  }
-  const uint64_t produced = stream.total_out;
-  inflateEnd(&stream);
-  if (status != Z_STREAM_END || produced != found->uncompressed)
-    throw InputError(where + ": the deflated member does not inflate to its " +
-                     std::to_string(found->uncompressed) + " bytes (damaged or truncated)");
+  auto inflated = inflate_member(data + start, found->compressed, found->uncompressed, where);
   return view_npy(inflated->data(), inflated->size(), inflated, where);
 }
 
