@@ -212,9 +212,10 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
     spdlog::warn("launcher: SIGKILL to pid {}, declared dead, so that a replacement can start", pid);
     ::kill(pid, SIGKILL);
   };
+  if (!metrics_address.empty()) check_listen_address(metrics_address, "--metrics");
   CoordinatorServer coordinator(coordinator_options, job);
+  const auto metrics = serve_metrics(metrics_address, coordinator);  // before the run folder: a port in use is bad input
   coordinator.start();
-  const auto metrics = serve_metrics(metrics_address, coordinator);
   options.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
   // `lockstep status RUN_DIR` finds the job from its folder: the address,
   // and the token in a file only this user reads; both go when the job ends.
@@ -226,6 +227,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   options.replace = [&state](pid_t pid, const std::string& what, bool bad_input) {
     return state.process_ended(int(pid), what, bad_input);
   };
+  options.stop = [&coordinator] { coordinator.stop("lockstep run received SIGUSR1"); };
   const int code = launch_local(options);
   if (const int signal_number = launcher_interrupted_by(); signal_number != 0)
     coordinator.cancel("lockstep run received signal " + std::to_string(signal_number) + " (" +
@@ -308,7 +310,8 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
   options.run_dir = config.job.run_dir;
   // Bad input before anything listens: the address, and TLS files that are
   // not what they claim to be.
-  check_host_port(serve.listen, "--listen");
+  check_listen_address(serve.listen, "--listen");
+  if (!serve.metrics.empty()) check_listen_address(serve.metrics, "--metrics");
   if (!serve.tls_cert.empty()) check_tls_pair(serve.tls_cert, serve.tls_key);
 
   const std::string& run_id = serve.run_id;
@@ -317,8 +320,8 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
     throw InputError("--run-id '" + run_id + "': a folder name is needed (no '/', at most 200 characters)");
   const std::string id = !resumed_id.empty() ? resumed_id : !run_id.empty() ? run_id : new_run_id(config.job.name);
   CoordinatorServer coordinator(options, job_options(config, id));
+  const auto metrics = serve_metrics(serve.metrics, coordinator);  // before the run folder: a port in use is bad input
   coordinator.start();
-  const auto metrics = serve_metrics(serve.metrics, coordinator);
   std::thread([&coordinator] {
     for (int received; (received = next_signal()) > 0;) {
       if (received == SIGUSR1) coordinator.stop("the coordinator received SIGUSR1");

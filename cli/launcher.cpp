@@ -22,6 +22,8 @@ namespace {
 
 volatile sig_atomic_t g_interrupted = 0;  // the SIGINT/SIGTERM the launcher received
 void on_signal(int signal_number) { g_interrupted = signal_number; }
+volatile sig_atomic_t g_stop_asked = 0;  // SIGUSR1: stop at a checkpoint
+void on_stop_signal(int) { g_stop_asked = 1; }
 
 struct Child {
   int rank = 0;
@@ -141,6 +143,13 @@ int launch_local(const LaunchOptions& options) {
   action.sa_handler = on_signal;
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
+  // SIGUSR1 (Slurm's --signal, or by hand) asks for a stop at a checkpoint,
+  // as it does for `lockstep coordinator`; its default action would kill the
+  // launcher and the embedded coordinator with it.
+  struct sigaction stop_action {};
+  stop_action.sa_handler = on_stop_signal;
+  ::sigaction(SIGUSR1, &stop_action, nullptr);
+  bool stop_passed_on = false;
 
   std::vector<Child> children;
   try {
@@ -203,6 +212,15 @@ int launch_local(const LaunchOptions& options) {
       first_failed = int(i);
       failure = "rank " + std::to_string(c.rank) + " " + describe_status(status);
       spdlog::error("launcher: {}; stopping the other ranks", failure);
+    }
+    if (g_stop_asked && !stop_passed_on) {
+      stop_passed_on = true;
+      if (options.stop) {
+        options.stop();
+      } else {
+        spdlog::warn("launcher: SIGUSR1; passing it on to every rank");
+        signal_running(children, SIGUSR1);
+      }
     }
     if (g_interrupted && !stopping) {
       failure = std::string("interrupted by signal ") + std::to_string(g_interrupted) + " (" +

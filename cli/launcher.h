@@ -24,6 +24,9 @@ struct LaunchOptions {
   // ...; `bad_input`: status 2): true = the job goes on, start a replacement
   // with the same LOCAL_RANK. Unset: every failure stops the launch.
   std::function<bool(pid_t pid, const std::string& what, bool bad_input)> replace;
+  // Called once, from the launcher's loop, when it receives SIGUSR1: the job
+  // should stop at a checkpoint. Unset: SIGUSR1 is passed on to every worker.
+  std::function<void()> stop;
 };
 
 // Worker i gets LOCAL_RANK = i, so the coordinator's ordering (host, local

@@ -1,8 +1,11 @@
 #include "coordinator/endpoint_checks.h"
 
 #include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cctype>
+#include <cstring>
 #include <memory>
 
 #include <openssl/bio.h>
@@ -70,6 +73,36 @@ void check_host_port(const std::string& address, const std::string& flag, bool m
   if (error != 0)
     throw InputError(flag + " '" + address + "': host '" + host + "' does not resolve (" +
                      gai_strerror(error) + ")" + usage);
+}
+
+void check_listen_address(const std::string& address, const std::string& flag) {
+  const auto colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.empty()) {  // every address of this host
+    check_host_port("0.0.0.0" + address.substr(colon == std::string::npos ? address.size() : colon), flag, false);
+    return;
+  }
+  check_host_port(address, flag);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "0", &hints, &found) != 0 || !found) return;  // said by check_host_port
+  std::string why;
+  bool bindable = false;
+  for (addrinfo* a = found; a && !bindable; a = a->ai_next) {
+    const int probe = ::socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (probe < 0) continue;
+    bindable = ::bind(probe, a->ai_addr, a->ai_addrlen) == 0;
+    if (!bindable) why = std::strerror(errno);
+    ::close(probe);
+  }
+  ::freeaddrinfo(found);
+  if (!bindable)
+    throw InputError(flag + " '" + address + "': cannot listen on host '" + host + "' (" + why +
+                     "): not an address of this machine? Give one of its own addresses, or 0.0.0.0 for all");
 }
 
 void check_tls_pair(const std::string& cert_file, const std::string& key_file) {

@@ -13,6 +13,12 @@ namespace lockstep {
 // name may appear later (a Kubernetes Service), and the worker retries.
 void check_host_port(const std::string& address, const std::string& flag, bool must_resolve = true);
 
+// check_host_port, and the host is an address of this machine that a
+// socket can be bound to now (any port): "10.255.255.1:0" on a host
+// without that address is bad input before any run folder exists. An
+// empty host ("":PORT, ":0") means every address and passes.
+void check_listen_address(const std::string& address, const std::string& flag);
+
 // A PEM certificate (--tls-cert) and the private key that belongs to it
 // (--tls-key).
 void check_tls_pair(const std::string& cert_file, const std::string& key_file);

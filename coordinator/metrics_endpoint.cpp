@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <sstream>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -93,6 +95,10 @@ MetricsEndpoint::MetricsEndpoint(const std::string& host_port, std::function<v1:
     throw InputError("--metrics " + host_port + ": HOST:PORT is needed (127.0.0.1:9400; port 0: any free port)");
   std::string host = host_port.substr(0, colon);
   if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  const std::string port = host_port.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(port) > 65535)
+    throw InputError("--metrics " + host_port + ": port '" + port + "' is not a number from 0 to 65535");
   addrinfo hints{}, *found = nullptr;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
@@ -103,7 +109,7 @@ MetricsEndpoint::MetricsEndpoint(const std::string& host_port, std::function<v1:
   const int one = 1;
   ::setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   const bool bound = listener_ >= 0 && ::bind(listener_, found->ai_addr, found->ai_addrlen) == 0 &&
-                     ::listen(listener_, 16) == 0;
+                     ::listen(listener_, 64) == 0;
   const int error = errno;
   ::freeaddrinfo(found);
   if (!bound) {
@@ -125,38 +131,82 @@ MetricsEndpoint::~MetricsEndpoint() {
   if (listener_ >= 0) ::close(listener_);
 }
 
+namespace {
+
+// One scraper's connection: its request as it arrives, then the answer as
+// it leaves; both within one deadline set at accept.
+struct Client {
+  int fd = -1;
+  std::string request, response;
+  size_t sent = 0;
+  std::chrono::steady_clock::time_point deadline;
+};
+
+constexpr auto kRequestDeadline = std::chrono::seconds(2);  // accept to the last byte sent
+constexpr size_t kMaxClients = 64;       // past this the oldest connection is dropped
+constexpr size_t kMaxRequestBytes = 16384;
+
+}  // namespace
+
+// Every connection is served from one poll set, without blocking on any
+// one of them: a client that trickles its request, or reads the answer
+// slowly, holds only its own slot until its deadline, never the next
+// scraper.
 void MetricsEndpoint::serve() {
+  using Clock = std::chrono::steady_clock;
+  std::vector<Client> clients;
   while (!stopping_) {
-    pollfd waiting{listener_, POLLIN, 0};
-    if (::poll(&waiting, 1, 200) <= 0) continue;
-    const int client = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (client < 0) continue;
-    answer(client);
-    ::close(client);
+    std::vector<pollfd> fds{{listener_, POLLIN, 0}};
+    for (const auto& c : clients) fds.push_back({c.fd, short(c.response.empty() ? POLLIN : POLLOUT), 0});
+    ::poll(fds.data(), fds.size(), 200);
+    const auto now = Clock::now();
+    for (size_t i = 0; i < clients.size(); ++i) {
+      Client& c = clients[i];
+      const short events = fds[i + 1].revents;
+      if (c.response.empty() && (events & (POLLIN | POLLHUP | POLLERR))) {
+        char buffer[2048];
+        const ssize_t got = ::recv(c.fd, buffer, sizeof buffer, 0);
+        if (got > 0) c.request.append(buffer, size_t(got));
+        const bool whole = c.request.find("\r\n\r\n") != std::string::npos || c.request.size() >= kMaxRequestBytes;
+        if (whole || got == 0) c.response = answer(c.request);
+        if (got < 0 && errno != EAGAIN && errno != EINTR) c.deadline = now;  // broken: drop it
+      } else if (!c.response.empty() && (events & (POLLOUT | POLLHUP | POLLERR))) {
+        const ssize_t n = ::send(c.fd, c.response.data() + c.sent, c.response.size() - c.sent, MSG_NOSIGNAL);
+        if (n > 0) c.sent += size_t(n);
+        else if (errno != EAGAIN && errno != EINTR) c.deadline = now;
+      }
+    }
+    // Answered, broken or out of time: closed.
+    for (size_t i = 0; i < clients.size();) {
+      Client& c = clients[i];
+      const bool done = !c.response.empty() && c.sent == c.response.size();
+      if (done || now >= c.deadline) {
+        ::close(c.fd);
+        clients.erase(clients.begin() + long(i));
+      } else {
+        ++i;
+      }
+    }
+    if (fds[0].revents & POLLIN) {
+      const int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0) {
+        if (clients.size() >= kMaxClients) {  // the oldest has waited longest: it goes
+          ::close(clients.front().fd);
+          clients.erase(clients.begin());
+        }
+        clients.push_back({fd, "", "", 0, now + kRequestDeadline});
+      }
+    }
   }
+  for (const auto& c : clients) ::close(c.fd);
 }
 
-void MetricsEndpoint::answer(int client) {
-  // The request line is all that matters; a slow or silent client gets 2 s.
-  std::string request;
-  char buffer[2048];
-  while (request.find("\r\n\r\n") == std::string::npos && request.size() < 16384) {
-    pollfd readable{client, POLLIN, 0};
-    if (::poll(&readable, 1, 2000) <= 0) return;
-    const ssize_t got = ::recv(client, buffer, sizeof buffer, 0);
-    if (got <= 0) break;
-    request.append(buffer, size_t(got));
-  }
+std::string MetricsEndpoint::answer(const std::string& request) const {
   const bool metrics = request.rfind("GET /metrics ", 0) == 0 || request.rfind("GET /metrics?", 0) == 0;
-  std::string body = metrics ? prometheus_text(status_()) : "not found: the metrics are at /metrics\n";
-  std::string response = std::string(metrics ? "HTTP/1.1 200 OK\r\n" : "HTTP/1.1 404 Not Found\r\n") +
-                         "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: " +
-                         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-  for (size_t sent = 0; sent < response.size();) {
-    const ssize_t n = ::send(client, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return;
-    sent += size_t(n);
-  }
+  const std::string body = metrics ? prometheus_text(status_()) : "not found: the metrics are at /metrics\n";
+  return std::string(metrics ? "HTTP/1.1 200 OK\r\n" : "HTTP/1.1 404 Not Found\r\n") +
+         "Content-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\nConnection: close\r\n\r\n" + body;
 }
 
 }  // namespace lockstep

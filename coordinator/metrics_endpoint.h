@@ -2,7 +2,8 @@
 // Live metrics for a scraper: the coordinator's status (the same figures as
 // `lockstep status --json`) in Prometheus's text format (version 0.0.4) at
 // GET /metrics on its own HTTP port, read-only, one short connection per
-// request. Series (labels: run, and rank where per rank):
+// request, each answered within 2 s of its accept; a slow client holds up
+// no other. Series (labels: run, and rank where per rank):
 //   lockstep_up{state}                 1 for the job's current state
 //   lockstep_world_size, lockstep_joined_workers, lockstep_generation,
 //   lockstep_restarts_total, lockstep_audits_total,
@@ -33,7 +34,7 @@ class MetricsEndpoint {
 
  private:
   void serve();
-  void answer(int client);
+  std::string answer(const std::string& request) const;  // the whole HTTP response
 
   std::function<v1::StatusReply()> status_;
   int listener_ = -1;

@@ -7,7 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <filesystem>
 #include <regex>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -100,6 +104,88 @@ TEST(Metrics, AScrapeDuringARunHasTheSeriesAndMatchesStatus) {
   EXPECT_NE(http_get(port, "/").find("404 Not Found"), std::string::npos);
   cluster.coordinator->signal(SIGINT);
   EXPECT_EQ(cluster.coordinator->wait(30), 1) << cluster.coordinator->output();
+}
+
+// A connection that sends its request one byte every `gap_ms` and never
+// finishes: what a slow or hostile client does to a one-at-a-time server.
+class TricklingClient {
+ public:
+  TricklingClient(int port, int gap_ms) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(uint16_t(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) return;
+    thread_ = std::thread([this, gap_ms] {
+      const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Padding: " + std::string(200, 'a');
+      for (size_t i = 0; i < request.size() && !stop_; ++i) {
+        if (::send(fd_, &request[i], 1, MSG_NOSIGNAL) != 1) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+      }
+    });
+  }
+  ~TricklingClient() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    ::close(fd_);
+  }
+
+ private:
+  int fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(Metrics, SlowClientsDelayNoOtherScrape) {
+  TempDir dir;
+  Cluster cluster(dir, {"job.steps=200000"}, {"--metrics", "127.0.0.1:0"});
+  ASSERT_TRUE(cluster.coordinator->wait_for_output("/metrics (Prometheus", 30)) << cluster.coordinator->output();
+  std::smatch match;
+  const std::string out = cluster.coordinator->output();
+  ASSERT_TRUE(std::regex_search(out, match, std::regex("metrics on http://127.0.0.1:([0-9]+)/metrics"))) << out;
+  const int port = std::stoi(match[1]);
+  std::vector<std::unique_ptr<TricklingClient>> slow;
+  for (int i = 0; i < 8; ++i) slow.push_back(std::make_unique<TricklingClient>(port, 300));
+  // While eight connections trickle, each scrape is answered at once.
+  for (int i = 0; i < 6; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string scrape = http_get(port, "/metrics");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(scrape.find("HTTP/1.1 200 OK"), std::string::npos) << "scrape " << i;
+    EXPECT_LT(seconds, 0.5) << "scrape " << i << " waited behind the slow clients";
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  }
+  slow.clear();
+  cluster.coordinator->signal(SIGINT);
+  EXPECT_EQ(cluster.coordinator->wait(30), 1) << cluster.coordinator->output();
+}
+
+TEST(Metrics, AnAddressThatCannotServeIsBadInputBeforeAnyRunFolder) {
+  TempDir dir;
+  const std::string runs = dir.path() + "/runs";
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:70000"}, "port '70000' is not a number from 0 to 65535"},
+      {{"--listen", "127.0.0.1:0", "--metrics", ":70000"}, "port '70000' is not a number from 0 to 65535"},
+      {{"--listen", "10.255.255.1:0"}, "--listen '10.255.255.1:0': cannot listen on host '10.255.255.1'"},
+      {{"--listen", "127.0.0.1:0", "--metrics", "10.255.255.1:0"}, "--metrics '10.255.255.1:0': cannot listen"},
+  };
+  for (const auto& [flags, needle] : cases) {
+    std::vector<std::string> args = {"coordinator", examples_dir() + "/synthetic.toml", "--set", "job.run_dir=" + runs};
+    args.insert(args.end(), flags.begin(), flags.end());
+    const auto result = run_lockstep(args, dir.path(), 30, {"LOCKSTEP_TOKEN=" + kToken});
+    EXPECT_EQ(result.exit_code, 2) << needle << "\n" << result.output;
+    EXPECT_NE(result.output.find(needle), std::string::npos) << result.output;
+    EXPECT_FALSE(std::filesystem::exists(runs)) << needle << ": a run folder was left";
+  }
+  const auto run = run_lockstep(synthetic_run(dir, 2, {"job.steps=2"}), dir.path(), 60);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::vector<std::string> args = synthetic_run(dir, 2, {"job.steps=2"});
+  args.push_back("--metrics");
+  args.push_back("127.0.0.1:99999");
+  const auto bad = run_lockstep(args, dir.path(), 30);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("port '99999' is not a number from 0 to 65535"), std::string::npos) << bad.output;
 }
 
 }  // namespace

@@ -47,6 +47,24 @@ TEST(Signals, CtrlCOnRunIsRecordedAsCancelledBySigint) {
   EXPECT_EQ(run.output().find("a worker process failed"), std::string::npos) << run.output();
 }
 
+TEST(Signals, Usr1ToRunStopsTheJobAtACheckpointWithExit75) {
+  TempDir dir;
+  LockstepProcess run(synthetic_run(dir, 2, {"job.steps=100000", "checkpoint.every=200", "fault.heartbeat_s=0.2",
+                                             "job.threads_per_rank=1"}),
+                      dir.path());
+  ASSERT_TRUE(run.wait_for_output("step 20/", 60)) << run.output();
+  run.signal(SIGUSR1);
+  EXPECT_EQ(run.wait(60), 75) << "SIGUSR1's default action kills the launcher (138)\n" << run.output();
+  const std::string folder = single_run(dir.path() + "/runs");
+  auto manifest = read_json(folder + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "stopped") << manifest.dump(2);
+  EXPECT_EQ(manifest.value("stop_reason", ""), "lockstep run received SIGUSR1") << manifest.dump(2);
+  const int64_t step = manifest.value("stopped_at_step", int64_t(0));
+  EXPECT_GT(step, 0);
+  EXPECT_TRUE(std::filesystem::exists(folder + "/checkpoints/" + fmt::format("step-{:09d}", step) + "/index.json"))
+      << run.output();
+}
+
 // The step both ranks stopped after; checks the exit codes, the manifest
 // and the checkpoint there.
 int64_t expect_stopped(Cluster& cluster, const std::string& run) {
