@@ -332,9 +332,9 @@ std::string csv_report(const std::vector<RunRecord>& runs) {
       for (const auto& [name, value] : e.metrics) metrics.insert(name);
   }
   std::string out = "kind,run,rank,generation,step,time,loss,lr,samples_per_s";
-  for (const auto& p : phases) out += ",phase_" + p + "_s";
+  for (const auto& p : phases) out += "," + csv_field("phase_" + p + "_s");
   out += ",split";
-  for (const auto& m : metrics) out += ",eval_" + m;
+  for (const auto& m : metrics) out += "," + csv_field("eval_" + m);
   out += "\n";
   for (const auto& run : runs) {
     const std::string id = csv_field(run.run_id);

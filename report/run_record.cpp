@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,18 @@ using nlohmann::json;
 double number(const json& object, const char* key, double fallback = 0) {
   auto it = object.find(key);
   return it != object.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+// A whole number from an untrusted field, clamped so that a hostile 1e300
+// cannot overflow the cast.
+int64_t integer(const json& object, const char* key, int64_t fallback = 0) {
+  const double value = number(object, key, double(fallback));
+  return int64_t(std::clamp(value, -9.0e15, 9.0e15));
+}
+
+bool flag(const json& object, const char* key, bool fallback) {
+  auto it = object.find(key);
+  return it != object.end() && it->is_boolean() ? it->get<bool>() : fallback;
 }
 
 std::string text(const json& object, const char* key) {
@@ -41,23 +54,58 @@ void flatten_settings(const json& config, std::map<std::string, std::string>& ou
 }
 
 // Each line a JSON object; a line that is not (a torn last line of a run
-// that was killed) is counted, not fatal.
+// that was killed), or is longer than JsonLimits allows, is counted, not
+// fatal. Only a regular file is read (a FIFO would block, /dev/zero never
+// ends), in chunks, so no line is ever held past the limit.
 std::vector<json> read_jsonl(const fs::path& file, std::vector<std::string>& problems) {
   std::vector<json> out;
-  std::ifstream in(file);
-  if (!in) return out;
-  std::string line, why;
-  int64_t unreadable = 0, number = 0, first_bad = 0;
-  while (std::getline(in, line)) {
-    ++number;
-    if (line.empty()) continue;
-    json value = parse_untrusted_json(line, &why);
-    if (value.is_discarded() || !value.is_object()) {
-      if (unreadable++ == 0) first_bad = number;
-      continue;
-    }
-    out.push_back(std::move(value));
+  std::error_code error;
+  if (!fs::is_regular_file(file, error)) {
+    if (fs::exists(file, error)) problems.push_back(file.string() + ": not a regular file; left out");
+    return out;
   }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return out;
+  const size_t max_line = JsonLimits{}.max_bytes;
+  std::string line, why;
+  bool too_long = false;
+  int64_t unreadable = 0, number = 0, first_bad = 0;
+  auto finish_line = [&] {
+    ++number;
+    if (too_long || !line.empty()) {
+      json value = too_long ? json(json::value_t::discarded) : parse_untrusted_json(line, &why);
+      if (value.is_discarded() || !value.is_object()) {
+        if (unreadable++ == 0) first_bad = number;
+      } else {
+        out.push_back(std::move(value));
+      }
+    }
+    line.clear();
+    too_long = false;
+  };
+  std::vector<char> chunk(1 << 16);
+  while (in) {
+    in.read(chunk.data(), std::streamsize(chunk.size()));
+    const size_t got = size_t(in.gcount());
+    for (size_t at = 0; at < got;) {
+      const char* newline = static_cast<const char*>(std::memchr(chunk.data() + at, '\n', got - at));
+      const size_t end = newline ? size_t(newline - chunk.data()) : got;
+      if (!too_long) {
+        if (line.size() + (end - at) > max_line) {
+          too_long = true;
+          line.clear();
+        } else {
+          line.append(chunk.data() + at, end - at);
+        }
+      }
+      at = end;
+      if (newline) {
+        finish_line();
+        ++at;
+      }
+    }
+  }
+  if (too_long || !line.empty()) finish_line();
   if (unreadable > 0)
     problems.push_back(fmt::format("{}: {} line(s) are not JSON objects, the first line {} (a run "
                                    "killed mid-write leaves a torn last line); they are left out",
@@ -79,7 +127,7 @@ void read_rank_events(const fs::path& file, int rank, RunRecord& run) {
       StepRow row;
       row.rank = rank;
       row.generation = generation;
-      row.step = int64_t(number(event, "step"));
+      row.step = integer(event, "step");
       row.time = number(event, "time");
       row.loss = number(event, "loss");
       row.lr = number(event, "lr");
@@ -91,16 +139,16 @@ void read_rank_events(const fs::path& file, int rank, RunRecord& run) {
       run.steps.push_back(std::move(row));
       last_step_row = run.steps.size() - 1;
     } else if (kind == "first_step") {
-      run.total_steps = std::max<int64_t>(run.total_steps, int64_t(number(event, "total_steps")));
-      run.last_step = std::max(run.last_step, int64_t(number(event, "step")));
+      run.total_steps = std::max<int64_t>(run.total_steps, integer(event, "total_steps"));
+      run.last_step = std::max(run.last_step, integer(event, "step"));
     } else if (kind == "eval") {
-      EvalRow row{rank, int64_t(number(event, "step")), text(event, "split"), {}};
+      EvalRow row{rank, integer(event, "step"), text(event, "split"), {}};
       if (auto metrics = event.find("metrics"); metrics != event.end() && metrics->is_object())
         for (const auto& [name, value] : metrics->items())
           if (value.is_number() && name != "targets") row.metrics[name] = value.get<double>();
       run.evals.push_back(std::move(row));
     } else if (kind == "audit_result" && rank == 0) {
-      run.audits.push_back({int64_t(number(event, "step")), event.value("agreed", true),
+      run.audits.push_back({integer(event, "step"), flag(event, "agreed", true),
                             number(event, "max_abs_diff"), text(event, "verdict")});
     } else if (kind == "decision") {
       std::tuple<std::string, std::string, std::string> key{text(event, "what"), text(event, "value"),
@@ -129,7 +177,7 @@ std::string describe_first_drift(const fs::path& folder, RunRecord& run) {
   for (const char* name : {"audit.jsonl", "audit-rank0.jsonl"}) {
     if (!fs::exists(folder / name)) continue;
     for (const json& audit : read_jsonl(folder / name, run.problems)) {
-      if (audit.value("agreed", true) || int64_t(number(audit, "step")) != run.first_drift_step) continue;
+      if (flag(audit, "agreed", true) || integer(audit, "step") != run.first_drift_step) continue;
       const std::string verdict = text(audit, "verdict");
       if (!verdict.empty()) return verdict;
     }
@@ -152,11 +200,18 @@ RunRecord load_run(const std::string& folder_name) {
     throw InputError(folder_name + ": no such folder; give a run folder (runs/<run-id>)");
 
   json manifest;
-  if (std::ifstream in(folder / "manifest.json"); in) {
+  std::string manifest_problem;
+  if (fs::exists(folder / "manifest.json", error) && !fs::is_regular_file(folder / "manifest.json", error)) {
+    manifest_problem = (folder / "manifest.json").string() + " is not a regular file";
+    run.problems.push_back(manifest_problem);
+    manifest = json::object();
+  } else if (std::ifstream in(folder / "manifest.json"); in) {
     std::string why;
     manifest = parse_untrusted_json(in, &why);
     if (manifest.is_discarded() || !manifest.is_object()) {
-      run.problems.push_back((folder / "manifest.json").string() + ": unreadable (" + why + ")");
+      manifest_problem = (folder / "manifest.json").string() + " is unreadable (" +
+                         (why.empty() ? std::string("not a JSON object") : why) + ")";
+      run.problems.push_back(manifest_problem);
       manifest = json::object();
     }
   } else {
@@ -165,11 +220,19 @@ RunRecord load_run(const std::string& folder_name) {
                            "folder); settings and outcome are unknown");
     manifest = json::object();
   }
-  run.run_id = manifest.value("run_id", run.run_id);
+  if (const std::string id = text(manifest, "run_id"); !id.empty()) run.run_id = id;
   run.status = text(manifest, "status");
   run.started_at = text(manifest, "started_at");
   run.finished_at = text(manifest, "finished_at");
-  run.world_size = int(number(manifest, "world_size"));
+  // As `lockstep audit` allows: a world size past this is a damaged manifest.
+  constexpr int kMaxRanks = 65536;
+  if (manifest.contains("world_size")) {
+    const double world = number(manifest, "world_size", -1);
+    if (!(world >= 1 && world <= kMaxRanks) || world != double(int64_t(world)))
+      throw InputError((folder / "manifest.json").string() + ": world_size " + manifest["world_size"].dump() +
+                       " is not a whole number from 1 to " + std::to_string(kMaxRanks) + " (a damaged manifest)");
+    run.world_size = int(world);
+  }
   if (auto config = manifest.find("config"); config != manifest.end() && config->is_object())
     flatten_settings(*config, run.settings);
   if (auto sources = manifest.find("config_sources"); sources != manifest.end() && sources->is_object())
@@ -181,22 +244,33 @@ RunRecord load_run(const std::string& folder_name) {
   if (auto it = run.settings.find("job.steps"); it != run.settings.end())
     run.total_steps = std::max<int64_t>(0, std::atoll(it->second.c_str()));
   const json coordinator = manifest.value("coordinator", json::object());
-  run.first_drift_step = int64_t(number(manifest, "first_drift_step",
-                                        number(coordinator, "first_drift_step", -1)));
+  run.first_drift_step = integer(manifest, "first_drift_step", integer(coordinator, "first_drift_step", -1));
 
-  // Ranks: as many event files as there are, or the manifest's world size.
-  int ranks = run.world_size;
+  // Ranks: the event files there are (each read once, whatever its number
+  // claims), and those the manifest's world size says should be there.
+  std::set<int> ranks;
+  for (int rank = 0; rank < run.world_size; ++rank) ranks.insert(rank);
   for (const auto& entry : fs::directory_iterator(folder, error)) {
-    static const std::regex events_file(R"(events-rank(\d+)\.jsonl)");
-    std::smatch match;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, match, events_file)) ranks = std::max(ranks, std::stoi(match[1]) + 1);
+    const std::string prefix = "events-rank", suffix = ".jsonl";
+    if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (digits.size() > 5 || std::stoi(digits) >= kMaxRanks) {
+      run.problems.push_back((folder / name).string() + ": rank " + digits + " is past the " +
+                             std::to_string(kMaxRanks) + " ranks a job can have; left out");
+      continue;
+    }
+    ranks.insert(std::stoi(digits));
   }
-  if (ranks == 0 && manifest.empty())
-    throw InputError(folder_name + ": not a run folder (no manifest.json and no events-rank<N>.jsonl); "
-                     "give runs/<run-id>");
-  if (run.world_size == 0) run.world_size = ranks;
-  for (int rank = 0; rank < ranks; ++rank) {
+  if (ranks.empty() && manifest.empty())
+    throw InputError(folder_name + ": not a run folder (" +
+                     (manifest_problem.empty() ? std::string("no manifest.json") : manifest_problem) +
+                     ", and no events-rank<N>.jsonl); give runs/<run-id>");
+  if (run.world_size == 0) run.world_size = ranks.empty() ? 0 : *ranks.rbegin() + 1;
+  for (int rank : ranks) {
     const fs::path file = folder / ("events-rank" + std::to_string(rank) + ".jsonl");
     if (!fs::exists(file)) {
       run.problems.push_back(file.string() + ": missing (rank " + std::to_string(rank) +
@@ -218,9 +292,9 @@ RunRecord load_run(const std::string& folder_name) {
   if (auto restarts = manifest.find("restarts"); restarts != manifest.end() && restarts->is_array())
     for (const json& r : *restarts) {
       if (!r.is_object()) continue;
-      run.restarts.push_back({int(number(r, "generation")), int(number(r, "dead_rank", -1)),
-                              int64_t(number(r, "resumed_from_step")), int64_t(number(r, "steps_reached")),
-                              int64_t(number(r, "steps_redone")), number(r, "recovery_s", -1),
+      run.restarts.push_back({int(integer(r, "generation")), int(std::clamp<int64_t>(integer(r, "dead_rank", -1), -1, kMaxRanks)),
+                              integer(r, "resumed_from_step"), integer(r, "steps_reached"),
+                              integer(r, "steps_redone"), number(r, "recovery_s", -1),
                               text(r, "reason")});
     }
 

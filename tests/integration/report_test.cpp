@@ -3,12 +3,15 @@
 // network namespace of its own (tests/python/browse_report.py): no console
 // message, no request leaving the file, the drift and the restart in the
 // page's text, a screenshot in build/tests/report-screenshots/.
-#include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
+
+#include <gtest/gtest.h>
 
 #include "integration/browser.h"
 #include "integration/jobs.h"
@@ -193,4 +196,94 @@ TEST(Report, WhatIsNotARunFolderIsBadInput) {
   auto many = run_lockstep(five, dir.path(), 30);
   EXPECT_EQ(many.exit_code, 2) << many.output;
   EXPECT_NE(many.output.find("at most 4"), std::string::npos) << many.output;
+}
+
+namespace {
+
+// A copy of the run folder `from` (without checkpoints) as `to`.
+std::string copy_run(const std::string& from, const std::string& to) {
+  fs::copy(from, to, fs::copy_options::recursive);
+  fs::remove_all(to + "/checkpoints");
+  return to;
+}
+
+void edit_json(const std::string& file, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json value = read_json(file);
+  edit(value);
+  std::ofstream(file) << value.dump();
+}
+
+}  // namespace
+
+TEST(Report, HostileRunFoldersAreNamedAndNeverCrashOrHang) {
+  TempDir dir;
+  auto made = run_lockstep(synthetic_run(dir, 2, {"job.steps=20", "eval.every=10"}), dir.path(), 120);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const std::string run = single_run(dir.path() + "/runs");
+  struct Case {
+    std::string name;
+    std::function<void(const std::string&)> make;
+    int exit_code;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"world_size_1e9", [](const std::string& d) { edit_json(d + "/manifest.json", [](auto& m) { m["world_size"] = 1e9; }); },
+       2, "world_size 1000000000.0 is not a whole number from 1 to 65536"},
+      {"far_rank_file", [](const std::string& d) { std::ofstream(d + "/events-rank2147483646.jsonl"); }, 0,
+       "rank 2147483646 is past the 65536 ranks a job can have; left out"},
+      {"rank_past_int", [](const std::string& d) { std::ofstream(d + "/events-rank99999999999.jsonl"); }, 0,
+       "rank 99999999999 is past the 65536 ranks"},
+      {"wrong_types",
+       [](const std::string& d) {
+         edit_json(d + "/manifest.json", [](auto& m) { m["run_id"] = 42; });
+         std::ofstream(d + "/events-rank0.jsonl", std::ios::app)
+             << R"({"event":"audit_result","step":1e300,"agreed":"yes"})" << "\n";
+       },
+       0, "report: wrote"},
+      {"deep_manifest",
+       [](const std::string& d) {
+         std::ofstream(d + "/manifest.json") << std::string(100, '[') << std::string(100, ']');
+         fs::remove(d + "/events-rank0.jsonl");
+         fs::remove(d + "/events-rank1.jsonl");
+       },
+       2, "manifest.json is unreadable (nested"},
+      {"fifo_events",
+       [](const std::string& d) {
+         fs::remove(d + "/events-rank1.jsonl");
+         ASSERT_EQ(::mkfifo((d + "/events-rank1.jsonl").c_str(), 0600), 0);
+       },
+       0, "events-rank1.jsonl: not a regular file; left out"},
+      {"endless_audit",
+       [](const std::string& d) {
+         fs::remove(d + "/events-rank1.jsonl");
+         fs::create_symlink("/dev/zero", d + "/events-rank1.jsonl");
+         fs::remove(d + "/audit.jsonl");
+       },
+       0, "events-rank1.jsonl: not a regular file"},
+  };
+  for (const auto& c : cases) {
+    const std::string copy = copy_run(run, dir.path() + "/" + c.name);
+    c.make(copy);
+    auto result = run_lockstep({"report", copy, "-o", copy + "/page.html"}, dir.path(), 30, {},
+                               {"/usr/bin/time", "-f", "peak_rss_kib=%M"});
+    EXPECT_EQ(result.exit_code, c.exit_code) << c.name << "\n" << result.output;
+    EXPECT_LT(result.seconds, 10.0) << c.name;
+    EXPECT_NE(result.output.find(c.needle), std::string::npos) << c.name << ": no '" << c.needle << "' in\n"
+                                                              << result.output;
+    EXPECT_EQ(result.output.find("json.exception"), std::string::npos) << c.name << ": a raw message\n" << result.output;
+  }
+}
+
+TEST(Report, CsvQuotesMetricNamesThatHoldCommas) {
+  TempDir dir;
+  auto made = run_lockstep(synthetic_run(dir, 2, {"job.steps=20", "eval.every=10"}), dir.path(), 120);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const std::string run = single_run(dir.path() + "/runs");
+  const std::string events = run + "/events-rank0.jsonl";
+  std::ofstream(events, std::ios::app)
+      << R"({"event":"eval","step":20,"split":"test, held out","metrics":{"top,5 \"acc\"":0.5}})" << "\n";
+  auto csv = run_lockstep({"report", run, "--csv", "-o", "-"}, dir.path(), 30);
+  ASSERT_EQ(csv.exit_code, 0) << csv.output;
+  EXPECT_NE(csv.output.find(R"(,"eval_top,5 ""acc""")"), std::string::npos) << csv.output.substr(0, 2000);
+  EXPECT_NE(csv.output.find(R"(,"test, held out",)"), std::string::npos);
 }
