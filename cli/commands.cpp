@@ -432,10 +432,14 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
                                        : "",
                connection.coordinator);
 
-  HeartbeatLoop heartbeat(client, {reply.run_id(), reply.rank(), reply.generation(),
-                                   to_ms(config.fault.heartbeat_s),
-                                   to_ms(config.fault.heartbeat_timeout_s),
-                                   to_ms(config.comm.collective_timeout_s + 10), &usr1_received});
+  HeartbeatOptions beat{reply.run_id(), reply.rank(), reply.generation(), to_ms(config.fault.heartbeat_s),
+                        to_ms(config.fault.heartbeat_timeout_s), to_ms(config.comm.collective_timeout_s + 10),
+                        &usr1_received};
+  if (reply.rank() == 0) {  // the manifest's writer: a dead job must not go on saying "running"
+    const RunFolder folder(config.job.run_dir, reply.run_id());
+    beat.before_exit = [folder](const std::string& why) { folder.record_sudden_end(why); };
+  }
+  HeartbeatLoop heartbeat(client, beat);
   CoordinatorRendezvous rendezvous(reply, client);
   WorkerOptions options;
   options.process_start = start;

@@ -162,6 +162,9 @@ class JobState {
   bool from_ended_generation_locked(const std::string& run_id, int64_t generation) const;
   void record_audits_locked(int rank, std::vector<nlohmann::json>& audits);
   std::string who_joined_locked() const;
+  // A worker's state for views: "aborted" (told to leave) or "lost" (no
+  // word) for one still marked running after the job ended.
+  std::string rank_state_locked(const Worker& w) const;
   nlohmann::json workers_json_locked() const;
   Worker* find_locked(const std::string& run_id, int rank, int64_t generation, grpc::Status* error);
   static const char* state_name(State state);

@@ -34,12 +34,21 @@ std::string JobState::failure() const {
   return failure_;
 }
 
+std::string JobState::rank_state_locked(const Worker& w) const {
+  // Once the job has ended without this rank's own word, "running" would
+  // be false: say what the coordinator last knew of it.
+  if (w.state == "running" && (state_ == State::kFailed || state_ == State::kStopped || state_ == State::kCompleted))
+    return w.told_to_abort ? "aborted" : "lost";
+  return w.state;
+}
+
 nlohmann::json JobState::workers_json_locked() const {
   nlohmann::json workers = nlohmann::json::array();
-  for (const auto& w : workers_)
+  for (const auto& w : workers_) {
+    const std::string state = rank_state_locked(w);
     workers.push_back({{"rank", w.rank}, {"host", w.host}, {"local_rank", w.local_rank},
                        {"pid", w.pid}, {"peer", w.peer}, {"joined_at", w.joined_at},
-                       {"join_order", w.join_order}, {"state", w.state},
+                       {"join_order", w.join_order}, {"state", state},
                        {"heartbeats", w.heartbeats},
                        {"max_heartbeat_gap_s", w.max_heartbeat_gap_s},
                        {"heartbeats_missed", w.heartbeats_missed},
@@ -49,6 +58,7 @@ nlohmann::json JobState::workers_json_locked() const {
                                                   w.metrics["scaler"].is_object()
                                               ? w.metrics["scaler"].value("skipped", int64_t(0))
                                               : int64_t(0)}});
+  }
   return workers;
 }
 
@@ -108,7 +118,7 @@ void JobState::status(v1::StatusReply* reply) const {
     row->set_loss(w->loss);
     row->set_samples_per_s(w->samples_per_s);
     row->set_heartbeat_age_s(w->heartbeat_seen ? seconds_between(w->last_heartbeat, now) : -1.0);
-    row->set_state(w->state);
+    row->set_state(rank_state_locked(*w));
     row->set_phase(w->phase);
     row->set_audit(w->audit);
     row->set_skipped_steps(w->skipped_steps);

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "runtime/errors.h"
+#include "runtime/untrusted_json.h"
 
 namespace lockstep {
 
@@ -148,6 +149,20 @@ void RunFolder::create() const {
   std::error_code error;
   std::filesystem::create_directories(path_, error);
   if (error) throw RunError("cannot create run folder " + path_ + ": " + error.message());
+}
+
+void RunFolder::record_sudden_end(const std::string& reason) const noexcept {
+  try {
+    std::string why;
+    nlohmann::json manifest = parse_untrusted_json(read_text_file(file("manifest.json"), "manifest.json"), &why);
+    if (!manifest.is_object() || manifest.value("status", std::string()) != "running") return;
+    manifest["status"] = "failed";
+    manifest["error"] = reason;
+    manifest["finished_at"] = utc_timestamp();
+    write_manifest(manifest);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "could not record the end in %s: %s\n", file("manifest.json").c_str(), e.what());
+  }
 }
 
 void RunFolder::write_manifest(const nlohmann::json& manifest) const {

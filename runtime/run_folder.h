@@ -43,6 +43,11 @@ class RunFolder {
   const std::string& run_id() const { return run_id_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
   void write_manifest(const nlohmann::json& manifest) const;
+  // For a rank that must end at once (its coordinator is gone): a manifest
+  // that still says "running" is rewritten as "failed" with `reason`, so
+  // that nothing goes on showing a dead job as running. Never throws: the
+  // process is on its way out and says so itself.
+  void record_sudden_end(const std::string& reason) const noexcept;
 
  private:
   std::string path_;

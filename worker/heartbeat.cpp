@@ -97,6 +97,7 @@ void HeartbeatLoop::on_audit(const nlohmann::json& summary) {
 
 void HeartbeatLoop::leave(const std::string& why) {
   spdlog::error("{}", why);
+  if (options_.before_exit) options_.before_exit(why);
   spdlog::default_logger()->flush();
   std::fflush(nullptr);
   std::_Exit(1);

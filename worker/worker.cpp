@@ -397,8 +397,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                                                machine.precision});
     if (options.observer) options.observer->on_phase("done");
 
-    const std::string final_digest = combined_hex(model_digests(*model, true));
     const bool stopped = result.stopped_at_step > 0;  // on request, to be resumed
+    const std::string final_digest = combined_hex(model_digests(*model, true));
     if (!stopped) {
       auto scope = timer.measure(Phase::kCheckpoint);
       if (rank == 0) {
@@ -426,6 +426,15 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
       if (manifest.body.contains("bad_files")) manifest.body["bad_files"]["skipped_in_batches"] = skipped_in_batches;
       manifest.body["phases"] = timer.to_json(wall);
       manifest.body["decisions"] = decisions.to_json();
+    }
+    // The same figures on every rank (summed with the gradients): all fail
+    // alike, and the manifest keeps the metrics that show it.
+    if (!stopped && result.steps > 0 && result.samples == 0)
+      throw RunError("no step trained: none of the " + std::to_string(result.steps) +
+                     " optimizer steps had a valid target in its global batch (every target missing: "
+                     "-1 or NaN); the model is as it was initialised. Check the targets of " + config.data.name +
+                     " (data.train)");
+    if (rank == 0) {
       manifest.body["status"] = stopped ? "stopped" : "completed";
       manifest.body["finished_at"] = utc_timestamp();
       manifest.write();

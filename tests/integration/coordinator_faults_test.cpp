@@ -66,6 +66,11 @@ void lose_a_worker(int signal_number) {
   auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
   EXPECT_EQ(manifest["status"], "failed");
   EXPECT_NE(manifest["coordinator"]["failure"].get<std::string>().find("rank 1"), std::string::npos);
+  // Each rank's last known state, none still "running".
+  for (const auto& w : manifest["coordinator"]["workers"]) {
+    EXPECT_NE(w["state"], "running") << w.dump();
+    EXPECT_EQ(w["state"], w["rank"] == 1 ? "dead" : "aborted") << w.dump();
+  }
 }
 
 TEST(CoordinatorFaults, KilledWorkerIsDeclaredDeadAndTheOtherLeaves) { lose_a_worker(SIGKILL); }
@@ -86,6 +91,12 @@ TEST(CoordinatorFaults, WorkersStopThemselvesWhenTheCoordinatorDies) {
   EXPECT_NE(a.output().find("lost the coordinator"), std::string::npos) << a.output();
   EXPECT_FALSE(alive(a.pid()));
   EXPECT_FALSE(alive(b.pid()));
+  // Nothing is left saying the job runs: rank 0, the manifest's writer,
+  // recorded why it ended.
+  auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "failed") << manifest.dump(2);
+  EXPECT_NE(manifest.value("error", "").find("lost the coordinator"), std::string::npos) << manifest.dump(2);
+  EXPECT_NE(manifest.value("finished_at", ""), "");
 }
 
 TEST(CoordinatorFaults, AWorkerKilledWhileWaitingInJoinFreesItsPlace) {

@@ -68,6 +68,22 @@ TEST(HostileFiles, NpyHeadersAndZipRecordsThatLieAreRefusedNamingTheFile) {
     expect_refused(dir, {"data.name=arrays", "data.train=" + root + c.name, "data.test=" + root + "good"}, c);
 }
 
+TEST(HostileFiles, ARunInWhichNoStepTrainedFailsInsteadOfSayingCompleted) {
+  TempDir dir;
+  ASSERT_EQ(python_tool("hostile_fixtures.py", "npy " + dir.path()).exit_code, 0);
+  const std::string root = dir.path() + "/npy/";
+  const auto result =
+      run_lockstep({"run", examples_dir() + "/synthetic.toml", "--set", "job.run_dir=" + dir.path() + "/runs", "--set",
+                    "job.steps=4", "--set", "data.name=arrays", "--set", "data.train=" + root + "label_missing",
+                    "--set", "data.test=" + root + "good"},
+                   dir.path(), 60);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_NE(result.output.find("no step trained: none of the 4 optimizer steps had a valid target"), std::string::npos)
+      << result.output;
+  const auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "failed") << manifest.dump(2);
+}
+
 TEST(HostileFiles, ImageFoldersWithLinkLoopsBombsAndForeignNamesAreRefused) {
   TempDir dir;
   ASSERT_EQ(python_tool("hostile_fixtures.py", "img " + dir.path()).exit_code, 0);

@@ -7,7 +7,8 @@ OUT/img/good the clean image folders the hostile ones sit beside.
   npy OUT   OUT/npy/...: headers that crashed or fooled the .npy reader
             (a 60 KB descr, a shape of 3000 dimensions, a shape whose byte
             count wraps 64 bits, a 23-digit dimension, a negative one),
-            targets out of range (200 in the last row only, all -5), and
+            targets out of range (200 in the last row only, all -5), every target
+            missing (all -1: trains nothing), and
             .npz files whose zip records lie (a zip64 locator or directory
             pointing near 2^64, a member claiming 4 GiB from 1 MB)
   img OUT   OUT/img/...: class folders with a link back to themselves (one
@@ -87,6 +88,7 @@ def npy(out):
                            bytes(64 * 28 * 28 * 4)))
     pair(os.path.join(root, "label_late"), y=np.array([1] * (ROWS - 1) + [200], np.int64))
     pair(os.path.join(root, "label_negative"), y=np.full(ROWS, -5, np.int64))
+    pair(os.path.join(root, "label_missing"), y=np.full(ROWS, -1, np.int64))
     with open(os.path.join(root, "zip64_far.npz"), "wb") as f:
         f.write(zip64_pointing_to(0xFFFFFFFFFFFFFFF0))
     record = struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, 1, 1, 46, 0xFFFFFFFFFFFFFFE0)
