@@ -2,11 +2,14 @@
 
 #include "lockstep/build_config.h"
 
+#include <spdlog/fmt/fmt.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <variant>
 
@@ -273,6 +276,19 @@ void set_value(JobConfig& config, const KeySpec& spec, const Value& value,
   config.sources[spec.key] = source;
 }
 
+
+// Keys whose value is a list of numbers written as text ("28,28", "0.5"):
+// a TOML number or array of numbers is taken as that text too.
+bool is_number_list(const std::string& key) {
+  return key == "data.image_size" || key == "data.mean" || key == "data.std";
+}
+
+std::optional<std::string> number_text(const toml::node& node) {
+  if (auto v = node.value_exact<int64_t>()) return std::to_string(*v);
+  if (auto v = node.value_exact<double>()) return fmt::format("{}", *v);  // shortest text that reads back the same
+  return std::nullopt;
+}
+
 Value from_toml(const std::string& where, const KeySpec& spec, const toml::node& node) {
   auto wrong = [&](const std::string& got) -> Value {
     throw InputError(where + ": key '" + spec.key + "' must be " + allowed(spec) + ", got " + got);
@@ -290,6 +306,19 @@ Value from_toml(const std::string& where, const KeySpec& spec, const toml::node&
       break;
     case Kind::kString:
       if (auto v = node.value_exact<std::string>()) return *v;
+      if (is_number_list(spec.key)) {  // 28, 0.5, [28, 28], [0.5, 0.5, 0.5] -> "28", "0.5,0.5,0.5"
+        if (auto text = number_text(node)) return *text;
+        if (const toml::array* items = node.as_array(); items && !items->empty()) {
+          std::string joined;
+          bool all_numbers = true;
+          for (const auto& item : *items) {
+            auto text = number_text(item);
+            all_numbers &= bool(text);
+            if (text) joined += (joined.empty() ? "" : ",") + *text;
+          }
+          if (all_numbers) return joined;
+        }
+      }
       if (const toml::array* items = node.as_array();
           items && (spec.key == "precision.fp32_modules" || spec.key == "data.augment")) {
         std::string joined;  // a list of names: ["fc", "head"] -> "fc,head"
@@ -337,6 +366,8 @@ Value from_text(const std::string& where, const KeySpec& spec, std::string text)
       if (text.size() >= 2 && (text.front() == '"' || text.front() == '\'') &&
           text.back() == text.front())
         text = text.substr(1, text.size() - 2);
+      if (is_number_list(spec.key) && text.size() >= 2 && text.front() == '[' && text.back() == ']')
+        text = text.substr(1, text.size() - 2);  // --set data.image_size=[28,28]
       return text;
   }
   return wrong();

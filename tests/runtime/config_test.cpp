@@ -82,6 +82,24 @@ TEST_F(ConfigTest, OutOfRangeAndBadChoicesAreErrors) {
   EXPECT_NE(e.find("auto, fp32, bf16, fp16"), std::string::npos) << e;
 }
 
+TEST_F(ConfigTest, ImageSizeMeanAndStdTakeTheTomlFormsAUserWrites) {
+  const std::string images = "[job]\nsteps = 1\n[data]\nname = \"images\"\ntrain = \"t\"\ntest = \"v\"\n";
+  for (const char* form : {"image_size = 28", "image_size = [28, 28]", "image_size = \"28\"", "image_size = \"28,28\""}) {
+    const JobConfig c = load_job_config(write(images + form + "\n"), {});
+    EXPECT_TRUE(c.data.image_size == "28" || c.data.image_size == "28,28") << form << ": " << c.data.image_size;
+  }
+  EXPECT_EQ(load_job_config(write(images + "image_size = [64, 48]\n"), {}).data.image_size, "64,48");
+  EXPECT_EQ(load_job_config(write(images), {"data.image_size=[64,48]"}).data.image_size, "64,48");
+  EXPECT_EQ(load_job_config(write(images), {"data.image_size=28"}).data.image_size, "28");
+  const JobConfig normalised = load_job_config(write(images + "mean = [0.2860402, 0.5]\nstd = [0.353, 1]\n"), {});
+  EXPECT_EQ(normalised.data.mean, "0.2860402,0.5");
+  EXPECT_EQ(normalised.data.std, "0.353,1");
+  std::string e = error_of(images + "image_size = [28, \"x\"]\n", {});
+  EXPECT_NE(e.find("data.image_size"), std::string::npos) << e;
+  e = error_of(images + "image_size = [0, 28]\n", {});
+  EXPECT_NE(e.find("each 1 to 16384 pixels"), std::string::npos) << e;
+}
+
 TEST_F(ConfigTest, ImageFolderKeysAreCheckedAndTheirScaleIsADecision) {
   const std::string images = "[job]\nsteps = 1\n[data]\nname = \"images\"\ntrain = \"t\"\ntest = \"v\"\n";
   JobConfig c = load_job_config(write(images), {"data.image_size=64,48", "data.workers=3"});
