@@ -119,10 +119,37 @@ void check_injected_faults(const JobConfig& config, const ModelRegistry& registr
   check_model_settings(config, *registry.build(config.model));  // an unknown name: InputError
 }
 
+namespace {
+
+// Every rank holding the same NaN passes the agreement check: the values
+// themselves are checked. A non-finite parameter or buffer is bad input; a
+// weight matrix that is entirely zero (an uninitialised tensor in a
+// scripted model) trains as a dead layer, which is said.
+void check_parameters_are_sane(const Model& model) {
+  for (const auto& kind : {std::string("parameter"), std::string("buffer")}) {
+    for (const auto& [name, tensor] : kind == "parameter" ? model.parameters() : model.buffers()) {
+      if (!tensor.defined() || tensor.numel() == 0 || !at::isFloatingType(tensor.scalar_type())) continue;
+      const at::Tensor values = tensor.detach();
+      const int64_t bad = (~at::isfinite(values)).sum().item<int64_t>();
+      if (bad > 0)
+        throw InputError(model.description() + ": " + kind + " '" + name + "' " + c10::str(values.sizes()) +
+                         " holds " + std::to_string(bad) + " non-finite value(s) (NaN or Inf) before training; "
+                         "initialise it in the model (e.g. nn.init) and export it again");
+      if (kind == "parameter" && values.dim() >= 2 && !values.ne(0).any().item<bool>())
+        spdlog::warn("{}: weight '{}' {} is entirely zero before training: every unit of that layer starts "
+                     "alike and stays alike; initialise it (e.g. nn.init.kaiming_uniform_) unless that is meant",
+                     model.description(), name, c10::str(values.sizes()));
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRegistry& registry,
                                           const TrainTestData& data) {
   auto model = registry.build(config.model);
   check_model_settings(config, *model);
+  check_parameters_are_sane(*model);
   auto objective = make_objective(config.loss, *model);
   const int64_t rows = std::min<int64_t>(config.data.batch_size, data.train.size());
   const at::Tensor input = data.train.input_rows(torch::arange(rows, torch::kLong));

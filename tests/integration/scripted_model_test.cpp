@@ -244,8 +244,13 @@ TEST(ScriptedModel, TrainsUnderACoordinatorAndStatusShowsTheMetricsOfItsLoss) {
 TEST(ScriptedModel, AnAllMissingBatchChangesNothing) {
   TempDir dir;
   const std::string fx = make_fixtures(dir);
-  const std::string run = trained(dir, "runs", 2, fx, "tied.pt", "missing",
-                                  {"loss.name=mse", "optim.lr=0.1", "job.steps=3", "eval.every=0"});
+  const std::string runs = dir.path() + "/runs";
+  auto result = run_lockstep(scripted_run(dir, runs, 2, fx, "tied.pt", "missing",
+                                          {"loss.name=mse", "optim.lr=0.1", "job.steps=3", "eval.every=0"}),
+                             dir.path(), 120);
+  EXPECT_EQ(result.exit_code, 1) << "a run in which no step trained is not a success\n" << result.output;
+  EXPECT_NE(result.output.find("no step trained"), std::string::npos) << result.output;
+  const std::string run = single_run(runs);
   EXPECT_EQ(max_abs_difference(file_parameters(run + "/model-final.pt"),
                                file_parameters(fx + "/tied.pt")), 0.0);
   EXPECT_EQ(read_json(run + "/manifest.json")["metrics"]["skipped_steps"], 3);
@@ -318,6 +323,21 @@ TEST(ScriptedModel, BadModelsAreRefusedBeforeAnythingStarts) {
   expect_refused(dir, fx, "dict.pt", "classes", {"model.output=logits", "loss.name=model"},
                  "needs a loss(output, target) method");
   expect_refused(dir, fx, "tied.pt", "values", {}, "loss.name = cross_entropy needs");
+  expect_refused(dir, fx, "nan_weight.pt", "classes", {},
+                 "parameter 'middle.weight' [16, 16] holds 1 non-finite value(s) (NaN or Inf) before training");
+  expect_refused(dir, fx, "inf_buffer.pt", "images", {},
+                 "buffer 'bn.running_var' [8] holds 8 non-finite value(s)");
+}
+
+TEST(ScriptedModel, AnAllZeroWeightMatrixIsWarnedAbout) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  auto result = run_lockstep(scripted_run(dir, dir.path() + "/runs", 2, fx, "zero_weight.pt", "classes",
+                                          {"job.steps=2"}),
+                             dir.path(), 120);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("weight 'encode.weight' [16, 8] is entirely zero before training"), std::string::npos)
+      << result.output;
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
                        method), DIR/bn.pt (a CNN with BatchNorm), bad models,
                        and array folders: DIR/classes, DIR/values (float
                        targets with NaN), DIR/labels (multi-label with NaN),
-                       DIR/images (for bn.pt), DIR/missing (all targets NaN)
+                       DIR/images (for bn.pt), DIR/missing (all targets NaN),
+                       DIR/nan_weight.pt, DIR/inf_buffer.pt, DIR/zero_weight.pt
   eager DIR DATA LOSS OPTIM LR STEPS BATCH SEED MODEL_FINAL
                        trains tied.pt's module eagerly in PyTorch on the
                        batches lockstep's sampler gives one rank, and prints
@@ -88,6 +89,17 @@ def make(out):
     torch.jit.script(BatchNormCnn()).save(os.path.join(out, "bn.pt"))
     torch.jit.script(DictOutput()).save(os.path.join(out, "dict.pt"))
     torch.jit.freeze(torch.jit.script(Tied()).eval()).save(os.path.join(out, "frozen.pt"))
+    broken = Tied()  # an uninitialised tensor, as torch.empty can leave one
+    with torch.no_grad():
+        broken.middle.weight[3, 4] = float("nan")
+    torch.jit.script(broken).save(os.path.join(out, "nan_weight.pt"))
+    zeroed = Tied()
+    with torch.no_grad():
+        zeroed.encode.weight.zero_()
+    torch.jit.script(zeroed).save(os.path.join(out, "zero_weight.pt"))
+    inf_buffer = BatchNormCnn()
+    inf_buffer.bn.running_var.fill_(float("inf"))
+    torch.jit.script(inf_buffer).save(os.path.join(out, "inf_buffer.pt"))
     with open(os.path.join(out, "not_a_module.pt"), "wb") as f:
         torch.save({"weight": torch.ones(3)}, f)
     rng = np.random.default_rng(3)
