@@ -106,24 +106,51 @@ std::string curve_of_steps(const std::vector<RunRecord>& runs, const std::string
   return line_chart({title, y_label}, series, markers_of(runs));
 }
 
+bool is_interval_bound(const std::string& metric) {
+  auto ends = [&](const std::string& tail) {
+    return metric.size() > tail.size() && metric.compare(metric.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends("_ci95_low") || ends("_ci95_high");
+}
+
+// Each metric over the steps, with its 95% interval drawn as two thin
+// dashed lines where the evaluation computed one, so that a curve from few
+// samples is seen to be uncertain.
 std::string evaluation_curves(const std::vector<RunRecord>& runs) {
   std::set<std::pair<std::string, std::string>> kinds;  // split, metric
   for (const auto& run : runs)
     for (const auto& e : run.evals)
-      for (const auto& [metric, value] : e.metrics) kinds.insert({e.split, metric});
+      for (const auto& [metric, value] : e.metrics)
+        if (!is_interval_bound(metric)) kinds.insert({e.split, metric});
   if (kinds.empty()) return "<p class=\"muted\">No evaluation was recorded.</p>\n";
   std::string out;
   for (const auto& [split, metric] : kinds) {
     std::vector<ChartSeries> series;
+    std::string latest;
     for (size_t i = 0; i < runs.size(); ++i) {
       // Evaluation is over the whole set, the same figure on every rank: rank 0's.
-      std::vector<Point> points;
-      for (const auto& e : runs[i].evals)
-        if (e.rank == 0 && e.split == split && e.metrics.count(metric))
-          points.push_back({double(e.step), e.metrics.at(metric)});
+      std::vector<Point> points, low, high;
+      std::string last_of_run;
+      for (const auto& e : runs[i].evals) {
+        if (e.rank != 0 || e.split != split || !e.metrics.count(metric)) continue;
+        points.push_back({double(e.step), e.metrics.at(metric)});
+        auto l = e.metrics.find(metric + "_ci95_low"), h = e.metrics.find(metric + "_ci95_high");
+        if (l != e.metrics.end() && h != e.metrics.end()) {
+          low.push_back({double(e.step), l->second});
+          high.push_back({double(e.step), h->second});
+          last_of_run = fmt::format("{} at step {}: {:.4f}, 95% interval [{:.4f}, {:.4f}]", run_label(runs, i),
+                                    e.step, e.metrics.at(metric), l->second, h->second);
+        }
+      }
+      if (!last_of_run.empty()) latest += (latest.empty() ? "" : "; ") + last_of_run;
       series.push_back({run_label(runs, i), palette(i), points, 2, i > 0});
+      if (!low.empty()) {
+        series.push_back({run_label(runs, i) + " 95% low", palette(i), low, 0.75, true});
+        series.push_back({run_label(runs, i) + " 95% high", palette(i), high, 0.75, true});
+      }
     }
     out += line_chart({"evaluation: " + split + " " + metric, metric}, series, markers_of(runs));
+    if (!latest.empty()) out += "<p class=\"muted\">" + escape(latest) + "</p>\n";
   }
   return out;
 }

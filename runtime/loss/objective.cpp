@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "runtime/errors.h"
+#include "runtime/loss/intervals.h"
 #include "runtime/model/model.h"
 
 namespace lockstep {
@@ -19,6 +20,13 @@ enum : size_t { kLossSum = 0, kCount = 1, kFirstMetric = 2 };
 
 nlohmann::json mean_loss(const std::vector<double>& sums) {
   return {{"loss", share(sums[kLossSum], sums[kCount])}, {"targets", int64_t(sums[kCount])}};
+}
+
+// `name`_ci95_low and _high: the interval goes wherever the figure goes
+// (events, TensorBoard, the report, status) as plain numbers beside it.
+void add_interval(nlohmann::json& out, const std::string& name, const Interval& interval) {
+  out[name + "_ci95_low"] = interval.low;
+  out[name + "_ci95_high"] = interval.high;
 }
 
 class CrossEntropy : public Objective {
@@ -42,12 +50,22 @@ class CrossEntropy : public Objective {
     at::Tensor top = std::get<1>(output.topk(std::min<int64_t>(5, classes_), 1));
     at::Tensor hit1 = top.narrow(1, 0, 1).eq(labels).squeeze(1) & valid;
     at::Tensor hit5 = top.eq(labels).any(1) & valid;
-    return {l.sum.item<double>(), double(l.valid), sum_of(hit1), sum_of(hit5)};
+    // Each sample's loss, for the spread of the mean: as the loss defines it.
+    at::Tensor log_p = output.to(at::kDouble).log_softmax(1);
+    at::Tensor per_sample = -(1 - label_smoothing_) * log_p.gather(1, labels).squeeze(1) -
+                            label_smoothing_ * log_p.mean(1);
+    return {l.sum.item<double>(), double(l.valid), sum_of(hit1), sum_of(hit5),
+            sum_of(per_sample.pow(2).masked_fill(~valid, 0.0))};
   }
   nlohmann::json metrics(const std::vector<double>& sums) const override {
     nlohmann::json out = mean_loss(sums);
+    add_interval(out, "loss", t_interval95(sums[kLossSum], sums[kFirstMetric + 2], sums[kCount]));
     out["accuracy"] = share(sums[kFirstMetric], sums[kCount]);
-    if (classes_ >= 10) out["top5_accuracy"] = share(sums[kFirstMetric + 1], sums[kCount]);
+    add_interval(out, "accuracy", wilson95(sums[kFirstMetric], sums[kCount]));
+    if (classes_ >= 10) {
+      out["top5_accuracy"] = share(sums[kFirstMetric + 1], sums[kCount]);
+      add_interval(out, "top5_accuracy", wilson95(sums[kFirstMetric + 1], sums[kCount]));
+    }
     return out;
   }
   std::string headline() const override { return "accuracy"; }
@@ -73,9 +91,10 @@ class ElementWise : public Objective {
     at::Tensor filled = t.masked_fill(~valid, 0.0);
     std::vector<double> sums{l.sum.item<double>(), double(l.valid)};
     if (kind_ != ElementLoss::kBinaryCrossEntropyWithLogits) {
-      at::Tensor error = (output - filled).masked_fill(~valid, 0.0);
+      at::Tensor error = (output - filled).masked_fill(~valid, 0.0).to(at::kDouble);
       sums.push_back(sum_of(error.pow(2)));
       sums.push_back(sum_of(error.abs()));
+      sums.push_back(sum_of(error.pow(4)));  // squares of each value's squared error, for the mse's spread
       return sums;
     }
     // Per label: correct predictions (logit > 0 against target > 0.5) and targets.
@@ -94,10 +113,13 @@ class ElementWise : public Objective {
     nlohmann::json out = mean_loss(sums);
     if (kind_ != ElementLoss::kBinaryCrossEntropyWithLogits) {
       out["mse"] = share(sums[kFirstMetric], sums[kCount]);
+      add_interval(out, "mse", t_interval95(sums[kFirstMetric], sums[kFirstMetric + 2], sums[kCount]));
       out["mae"] = share(sums[kFirstMetric + 1], sums[kCount]);
+      add_interval(out, "mae", t_interval95(sums[kFirstMetric + 1], sums[kFirstMetric], sums[kCount]));
       return out;
     }
     out["label_accuracy"] = share(sums[kFirstMetric], sums[kCount]);
+    add_interval(out, "label_accuracy", wilson95(sums[kFirstMetric], sums[kCount]));
     nlohmann::json per_label = nlohmann::json::array();
     for (size_t i = kFirstMetric + 1; i + 1 < sums.size(); i += 2)
       per_label.push_back(share(sums[i], sums[i + 1]));

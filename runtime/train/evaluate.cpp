@@ -1,5 +1,9 @@
 #include "runtime/train/evaluate.h"
 
+#include <cmath>
+#include <optional>
+
+#include <spdlog/fmt/fmt.h>
 #include <torch/torch.h>
 
 #include "runtime/comm/process_group.h"
@@ -44,6 +48,24 @@ EvalResult evaluate(Model& model, const Objective& objective, const Dataset& tes
   result.loss = result.metrics.value("loss", 0.0);
   result.accuracy = result.metrics.value("accuracy", 0.0);
   return result;
+}
+
+std::string change_within_noise(const std::string& metric, int64_t before_step, const EvalResult& before,
+                                int64_t step, const EvalResult& now) {
+  auto number = [](const nlohmann::json& metrics, const std::string& key) -> std::optional<double> {
+    auto it = metrics.find(key);
+    if (it == metrics.end() || !it->is_number()) return std::nullopt;
+    return it->get<double>();
+  };
+  const auto was = number(before.metrics, metric), is = number(now.metrics, metric);
+  const auto low = number(now.metrics, metric + "_ci95_low"), high = number(now.metrics, metric + "_ci95_high");
+  if (!was || !is || !low || !high) return "";
+  const double change = *is - *was, half = (*high - *low) / 2;
+  if (std::abs(change) >= half) return "";
+  return fmt::format("{} moved by {:+.4f} from step {} to step {}, less than the half-width of its 95% interval "
+                     "(+/-{:.4f} with n = {}): that change cannot be told from sampling noise; evaluate on more "
+                     "samples before judging it (a best checkpoint, an early stop, a comparison of runs)",
+                     metric, change, before_step, step, half, now.metrics.value("targets", int64_t(0)));
 }
 
 }  // namespace lockstep

@@ -28,4 +28,11 @@ EvalResult evaluate(Model& model, const Objective& objective, const Dataset& tes
                     int world_size, int64_t batch_size, CollectiveGroup& group,
                     const std::string& precision = "fp32");
 
+// When `metric` (the objective's headline: accuracy, mse, ...) moved less
+// between two evaluations of one set than the half-width of its 95%
+// interval now, that change cannot be told from sampling noise: returns the
+// sentence that says so, else "". Empty too where no interval is known.
+std::string change_within_noise(const std::string& metric, int64_t before_step, const EvalResult& before,
+                                int64_t step, const EvalResult& now);
+
 }  // namespace lockstep

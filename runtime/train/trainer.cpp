@@ -1,6 +1,7 @@
 #include "runtime/train/trainer.h"
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -81,6 +82,8 @@ class StepLoop {
   TrainingResult result_;
   NamedTensors parameters_;
   std::unique_ptr<Objective> objective_;
+  std::map<std::string, std::pair<int64_t, EvalResult>> previous_evals_;  // by split: the last step and figures
+  int noise_said_ = 0;
   GradientReducer reducer_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   CheckpointStore checkpoints_;
@@ -400,6 +403,15 @@ void StepLoop::evaluate_now(int64_t step, bool final) {
   if (validation) summary.replace(0, 4, "validation");  // "test loss ..." -> "validation loss ..."
   else result_.eval_summary = summary;
   if (parts_.rank == 0 && !final) spdlog::info("eval at step {}: {}", step, summary);
+  if (auto previous = previous_evals_.find(split); previous != previous_evals_.end()) {
+    const std::string noise =
+        change_within_noise(objective_->headline(), previous->second.first, previous->second.second, step, figures);
+    if (!noise.empty() && parts_.rank == 0 && noise_said_++ == 0)
+      spdlog::warn("{} evaluation: {} (said once; each such evaluation is an eval_within_noise event)", split, noise);
+    if (!noise.empty()) parts_.events.write({{"event", "eval_within_noise"}, {"step", step}, {"split", split},
+                                             {"what", noise}});
+  }
+  previous_evals_[split] = {step, figures};
   if (parts_.observer) parts_.observer->on_eval("step " + std::to_string(step) + ": " + summary);
 }
 
@@ -506,11 +518,22 @@ TrainingResult StepLoop::finish() {
 }  // namespace
 
 std::string describe_metrics(const Objective& objective, const EvalResult& eval) {
-  std::string text = fmt::format("test loss {:.4f} ({})", eval.loss, objective.name());
+  // A figure with its 95% interval where one was computed: "accuracy 0.9170 [0.9115, 0.9222]".
+  auto with_interval = [&](const std::string& key, double value) {
+    const auto low = eval.metrics.find(key + "_ci95_low"), high = eval.metrics.find(key + "_ci95_high");
+    if (low == eval.metrics.end() || high == eval.metrics.end() || !low->is_number() || !high->is_number())
+      return fmt::format("{:.4f}", value);
+    return fmt::format("{:.4f} [{:.4f}, {:.4f}]", value, low->get<double>(), high->get<double>());
+  };
+  auto is_bound = [](const std::string& key) {
+    return key.size() > 10 && (key.compare(key.size() - 10, 10, "_ci95_high") == 0 ||
+                               key.compare(key.size() - 9, 9, "_ci95_low") == 0);
+  };
+  std::string text = fmt::format("test loss {} ({})", with_interval("loss", eval.loss), objective.name());
   for (const auto& [key, value] : eval.metrics.items()) {
-    if (key == "loss" || key == "targets") continue;
+    if (key == "loss" || key == "targets" || is_bound(key)) continue;
     if (value.is_number()) {
-      text += fmt::format(", {} {:.4f}", key, value.get<double>());
+      text += fmt::format(", {} {}", key, with_interval(key, value.get<double>()));
     } else if (value.is_array()) {
       std::string items;
       for (const auto& item : value)
@@ -518,6 +541,8 @@ std::string describe_metrics(const Objective& objective, const EvalResult& eval)
       text += ", " + key + " [" + items + "]";
     }
   }
+  if (auto n = eval.metrics.find("targets"); n != eval.metrics.end() && n->is_number_integer())
+    text += fmt::format(" (n = {}, 95% intervals)", n->get<int64_t>());
   return text;
 }
 

@@ -5,6 +5,7 @@
 // page's text, a screenshot in build/tests/report-screenshots/.
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -286,4 +287,35 @@ TEST(Report, CsvQuotesMetricNamesThatHoldCommas) {
   ASSERT_EQ(csv.exit_code, 0) << csv.output;
   EXPECT_NE(csv.output.find(R"(,"eval_top,5 ""acc""")"), std::string::npos) << csv.output.substr(0, 2000);
   EXPECT_NE(csv.output.find(R"(,"test, held out",)"), std::string::npos);
+}
+
+TEST(Report, EvaluationsCarryTheirSampleCountAndA95PercentInterval) {
+  TempDir dir;
+  auto made = run_lockstep(synthetic_run(dir, 2, {"job.steps=40", "eval.every=10"}), dir.path(), 120);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_NE(made.output.find("(n = 256, 95% intervals)"), std::string::npos) << made.output;
+  const std::string run = single_run(dir.path() + "/runs");
+  int evals = 0;
+  for (const auto& e : read_json_lines(run + "/events-rank0.jsonl")) {
+    if (e.value("event", "") != "eval") continue;
+    ++evals;
+    const auto& m = e["metrics"];
+    const double n = m["targets"], p = m["accuracy"];
+    EXPECT_EQ(n, 256);
+    // Wilson's interval, recomputed here from the count of hits.
+    const double z = 1.959963984540054, centre = (p + z * z / (2 * n)) / (1 + z * z / n);
+    const double half = z * std::sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n);
+    EXPECT_NEAR(m["accuracy_ci95_low"].get<double>(), centre - half, 1e-9) << m.dump();
+    EXPECT_NEAR(m["accuracy_ci95_high"].get<double>(), centre + half, 1e-9) << m.dump();
+    EXPECT_LT(m["loss_ci95_low"].get<double>(), m["loss"].get<double>());
+    EXPECT_GT(m["loss_ci95_high"].get<double>(), m["loss"].get<double>());
+  }
+  EXPECT_EQ(evals, 4);
+  auto report = run_lockstep({"report", run}, dir.path(), 60);
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  std::ifstream in(run + "/report.html");
+  const std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(html.find("at step 40: "), std::string::npos);
+  EXPECT_NE(html.find(", 95% interval ["), std::string::npos);
+  EXPECT_EQ(html.find("evaluation: test accuracy_ci95_low"), std::string::npos) << "a bound is not a chart of its own";
 }
