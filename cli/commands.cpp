@@ -184,8 +184,10 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   validate_data_files(config.data);  // a truncated file is bad input before anything starts
   if (resume_is_already_done(resume, config)) return 0;
   // The model against the data: a shape it rejects is bad input before anything starts.
-  check_model_on_data(config, ModelRegistry::with_builtins(),
-                      load_data(config.data, uint64_t(config.job.seed)));
+  // At the precision the job names (`auto` is resolved by each worker, which runs the dry run again).
+  std::string eval_precision;
+  check_model_on_data(config, ModelRegistry::with_builtins(), load_data(config.data, uint64_t(config.job.seed)),
+                      config.precision.dtype == "bf16" ? "bf16" : "fp32", &eval_precision);
 
   const std::string run_id = resumed_id.empty() ? new_run_id(config.job.name) : resumed_id;
   CoordinatorOptions coordinator_options;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <ctime>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -145,8 +146,46 @@ void check_parameters_are_sane(const Model& model) {
 
 }  // namespace
 
+namespace {
+
+// A LibTorch or TorchScript message without its C++ trace.
+std::string without_trace(const std::string& message) {
+  return message.substr(0, message.find("\nException raised from"));
+}
+
+// What failed on the microbatch, or "" when the phase ran.
+std::string try_phase(const std::function<void()>& phase) {
+  try {
+    phase();
+    return "";
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    return message.empty() ? std::string("(no message)") : message.substr(0, 20000);
+  }
+}
+
+// The error itself from a TorchScript message, whose first lines are the
+// interpreter's preamble and a traceback with code pointers: its last
+// "...Error: ..." line, else its first line.
+std::string last_line(const std::string& message) {
+  std::string found, line;
+  std::istringstream lines(message);
+  std::string first;
+  while (std::getline(lines, line)) {
+    if (first.empty() && !line.empty()) first = line;
+    const size_t at = line.find("Error: ");
+    if (at != std::string::npos && at < 40) found = line;
+  }
+  return found.empty() ? first : found;
+}
+
+}  // namespace
+
 std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRegistry& registry,
-                                          const TrainTestData& data) {
+                                          const TrainTestData& data, const std::string& precision,
+                                          std::string* eval_precision) {
   auto model = registry.build(config.model);
   check_model_settings(config, *model);
   check_parameters_are_sane(*model);
@@ -155,32 +194,65 @@ std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRe
   const at::Tensor input = data.train.input_rows(torch::arange(rows, torch::kLong));
   const at::Tensor target = data.train.targets.narrow(0, 0, rows);
   Augmenter(parse_augment(config.data.augment), 0).apply(input, 0);  // images only
-  torch::NoGradGuard no_grad;
-  model->train(false);  // BatchNorm's running statistics stay as loaded
+  const bool bf16 = precision == "bf16";
+  auto autocast_of = [](bool low) { return low ? at::kBFloat16 : at::kFloat; };
+  const std::string shape_words = " (" + config.data.name + ", data.batch_size " +
+                                  std::to_string(config.data.batch_size) + ")";
+
+  // 1. The shape and the loss, in eval mode without gradients and in fp32:
+  // what the model rejects whatever the precision.
   at::Tensor output;
-  try {
-    output = forward_output(*model, input, at::kFloat);
-  } catch (const InputError&) {
-    throw;
-  } catch (const std::exception& e) {
-    std::string message = e.what();
-    message = message.substr(0, message.find("\nException raised from"));
-    throw InputError(model->description() + " rejects the data's input of shape " +
-                     c10::str(input.sizes()) + " (" + config.data.name + ", data.batch_size " +
-                     std::to_string(config.data.batch_size) + "): " + message);
-  }
-  try {
-    objective->loss(output, target);
-  } catch (const InputError&) {
-    throw;
-  } catch (const std::exception& e) {
-    std::string message = e.what();
-    message = message.substr(0, message.find("\nException raised from"));
-    throw InputError("loss.name = " + config.loss.name + " fails on " + model->description() +
-                     "'s output " + c10::str(output.sizes()) + " and the targets " +
-                     c10::str(target.sizes()) + ": " + message);
+  {
+    torch::NoGradGuard no_grad;
+    model->train(false);  // BatchNorm's running statistics stay as loaded
+    if (const std::string failed = try_phase([&] { output = forward_output(*model, input, at::kFloat); });
+        !failed.empty())
+      throw InputError(model->description() + " rejects the data's input of shape " + c10::str(input.sizes()) +
+                       shape_words + ": " + without_trace(failed));
+    if (const std::string failed = try_phase([&] { objective->loss(output, target); }); !failed.empty())
+      throw InputError("loss.name = " + config.loss.name + " fails on " + model->description() + "'s output " +
+                       c10::str(output.sizes()) + " and the targets " + c10::str(target.sizes()) + ": " +
+                       without_trace(failed));
   }
   check_class_targets(config, data, output);
+  if (precision != "bf16" && precision != "fp32") return model->decisions();  // fp16: CUDA, checked there
+
+  // 2. One training step's forward and backward, then one evaluation
+  // forward, each at the run's precision: what fails there would otherwise
+  // fail after training began (PyTorch's fused Transformer evaluation path
+  // under CPU bf16 autocast, a module that cannot run in bf16).
+  auto train_step = [&](bool low) {
+    model->train(true);
+    at::Tensor out = forward_output(*model, input, autocast_of(low));
+    objective->loss(out, target).sum.backward();
+    for (auto& [name, parameter] : model->parameters())
+      if (parameter.grad().defined()) parameter.mutable_grad() = at::Tensor();
+  };
+  auto evaluation = [&](bool low) {
+    torch::NoGradGuard no_grad;
+    model->train(false);
+    objective->metric_sums(forward_output(*model, input, autocast_of(low)), target);
+  };
+  const std::string fixes =
+      bf16 ? "; set precision = fp32, or keep the failing submodules in fp32 with precision.fp32_modules = NAME,..."
+           : "";
+  if (const std::string failed = try_phase([&] { train_step(bf16); }); !failed.empty())
+    throw InputError("the dry run of one training step (forward and backward, precision " + precision + ") of " +
+                     model->description() + " on a microbatch of shape " + c10::str(input.sizes()) + shape_words +
+                     " fails: " + last_line(failed) + fixes);
+  if (const std::string failed = try_phase([&] { evaluation(bf16); }); !failed.empty()) {
+    if (!bf16 || !try_phase([&] { evaluation(false); }).empty() || !eval_precision)
+      throw InputError("the dry run of one evaluation forward (precision " + precision + ") of " +
+                       model->description() + " on a microbatch of shape " + c10::str(input.sizes()) + shape_words +
+                       " fails: " + last_line(failed) + fixes);
+    *eval_precision = "fp32";
+    std::vector<Decision> decisions = model->decisions();
+    decisions.push_back({"eval_precision", "fp32",
+                         "the dry run's evaluation forward fails under bf16 autocast (" + last_line(failed) +
+                             ") and runs in fp32; training stays in bf16 (PyTorch's fused evaluation path of "
+                             "Transformer layers, for one, ignores CPU autocast)"});
+    return decisions;
+  }
   return model->decisions();
 }
 
@@ -237,7 +309,11 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   TrainTestData data = load_data(config.data, uint64_t(config.job.seed));
   spdlog::info("data: {}", data.description);
   // Also the settings that name parts of the model (fault.inject, ...), and an unknown model.name.
-  const std::vector<Decision> model_decisions = check_model_on_data(config, registry, data);
+  // At the precision the job names; `auto` is known only on this host, below.
+  const std::string named_precision = config.precision.dtype == "bf16" ? "bf16" : "fp32";
+  std::string eval_precision;  // "": the training precision
+  std::vector<Decision> model_decisions =
+      check_model_on_data(config, registry, data, named_precision, &eval_precision);
 
   RendezvousResult place = rendezvous.join(to_ms(config.comm.rendezvous_timeout_s));
   const int rank = place.rank, world = place.world_size;
@@ -250,6 +326,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   if (world == 1) decisions.print_held(0, {decisions.held_json()});
   ResolvedMachine machine =
       resolve_machine(config, place.local_rank, place.local_world_size, options.cpu, decisions);
+  if (machine.precision != named_precision)  // precision = auto chose bf16 here: the dry run at it too
+    model_decisions = check_model_on_data(config, registry, data, machine.precision, &eval_precision);
   if (config.data.name == "images") {
     const int workers = config.data.workers > 0
                             ? int(config.data.workers)
@@ -421,7 +499,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                                                config.audit.every > 0 ? &auditor : nullptr,
                                                control.get(), folder.file("checkpoints"),
                                                resume ? &*resume : nullptr, &steps_done,
-                                               machine.precision});
+                                               machine.precision,
+                                               eval_precision.empty() ? machine.precision : eval_precision});
     if (options.observer) options.observer->on_phase("done");
 
     const bool stopped = result.stopped_at_step > 0;  // on request, to be resumed

@@ -393,7 +393,7 @@ void StepLoop::evaluate_now(int64_t step, bool final) {
     figures = buffers_->as_saved([&] {
       return evaluate(model_, *objective_, validation ? parts_.data.validation : parts_.data.test,
                       parts_.rank, parts_.world_size, config_.eval.batch_size, parts_.data_group,
-                      parts_.precision);
+                      parts_.eval_precision);
     });
   }
   const std::string split = validation ? "validation" : "test";

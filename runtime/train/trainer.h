@@ -44,6 +44,7 @@ struct TrainerParts {
   const FoundCheckpoint* resume = nullptr;  // continue from this checkpoint (in checkpoint_dir)
   int64_t* steps_done = nullptr;    // may be null; kept current, so a failure can say how far it got
   std::string precision = "fp32";   // resolved: fp32 | bf16 (autocast) | fp16 (CUDA only)
+  std::string eval_precision = "fp32";  // evaluation's: the training precision, or fp32 where the dry run needed it
 };
 
 struct TrainingResult {

@@ -340,5 +340,49 @@ TEST(ScriptedModel, AnAllZeroWeightMatrixIsWarnedAbout) {
       << result.output;
 }
 
+TEST(ScriptedModel, ATransformerWhoseEvaluationFailsInBf16EvaluatesInFp32AndTrainsToTheEnd) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  const std::vector<std::string> sets = {"job.steps=20", "eval.every=5", "precision.allow_emulated=true"};
+  std::vector<std::string> bf16 = sets;
+  bf16.push_back("precision=bf16");
+  auto result = run_lockstep(scripted_run(dir, dir.path() + "/bf16", 2, fx, "transformer.pt", "classes", bf16),
+                             dir.path(), 120);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("Decision: eval_precision = fp32 (the dry run's evaluation forward fails under bf16"),
+            std::string::npos)
+      << result.output;
+  const auto manifest = read_json(single_run(dir.path() + "/bf16") + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "completed");
+  int evals = 0;
+  for (const auto& e : read_json_lines(single_run(dir.path() + "/bf16") + "/events-rank0.jsonl"))
+    evals += e.value("event", "") == "eval";
+  EXPECT_EQ(evals, 4) << "evaluations at steps 5, 10, 15 and the end";
+  // In fp32 the same model trains and evaluates without that decision.
+  std::vector<std::string> fp32 = sets;
+  fp32.push_back("precision=fp32");
+  auto plain = run_lockstep(scripted_run(dir, dir.path() + "/fp32", 2, fx, "transformer.pt", "classes", fp32),
+                            dir.path(), 120);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_EQ(plain.output.find("eval_precision"), std::string::npos) << plain.output;
+  EXPECT_EQ(read_json(single_run(dir.path() + "/fp32") + "/manifest.json")["status"], "completed");
+}
+
+TEST(ScriptedModel, ATrainingStepThatFailsInBf16IsRefusedBeforeStartNamingThePhaseAndPrecision) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  const std::string runs = dir.path() + "/runs";
+  auto result = run_lockstep(scripted_run(dir, runs, 2, fx, "bf16_train_fails.pt", "classes",
+                                          {"precision=bf16", "precision.allow_emulated=true"}),
+                             dir.path(), 60);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_LT(result.seconds, 30.0);
+  EXPECT_NE(result.output.find("the dry run of one training step (forward and backward, precision bf16)"),
+            std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("set precision = fp32"), std::string::npos) << result.output;
+  EXPECT_FALSE(fs::exists(runs)) << "refused before anything started";
+}
+
 }  // namespace
 }  // namespace lockstep::testing

@@ -6,7 +6,9 @@
                        and array folders: DIR/classes, DIR/values (float
                        targets with NaN), DIR/labels (multi-label with NaN),
                        DIR/images (for bn.pt), DIR/missing (all targets NaN),
-                       DIR/nan_weight.pt, DIR/inf_buffer.pt, DIR/zero_weight.pt
+                       DIR/nan_weight.pt, DIR/inf_buffer.pt, DIR/zero_weight.pt,
+                       DIR/transformer.pt (an nn.TransformerEncoder classifier for DIR/classes),
+                       DIR/bf16_train_fails.pt (a training step that cannot run in bf16)
   eager DIR DATA LOSS OPTIM LR STEPS BATCH SEED MODEL_FINAL
                        trains tied.pt's module eagerly in PyTorch on the
                        batches lockstep's sampler gives one rank, and prints
@@ -67,6 +69,37 @@ class BatchNormCnn(nn.Module):
         return self.head(x.flatten(1))
 
 
+class TransformerClassifier(nn.Module):
+    """[B, 8] -> 4 tokens of 16 -> a 2-layer nn.TransformerEncoder (batch_first, 2 heads) -> 4 classes.
+    In eval mode without grad, PyTorch's encoder layer takes its fused fast path."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(8, 4 * 16)
+        layer = nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.embed(x).reshape(x.shape[0], 4, 16)
+        return self.head(self.encoder(tokens).mean(1))
+
+
+class Bf16TrainingFails(nn.Module):
+    """A training step that insists on fp32 activations (as a custom op or a
+    numerically fragile layer might): under bf16 autocast it raises."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.training and h.dtype != torch.float32:
+            raise RuntimeError("the fragile layer needs fp32 activations while training")
+        return h
+
+
 class DictOutput(nn.Module):
     def __init__(self):
         super().__init__()
@@ -88,6 +121,8 @@ def make(out):
     torch.jit.script(Tied()).save(os.path.join(out, "tied.pt"))
     torch.jit.script(BatchNormCnn()).save(os.path.join(out, "bn.pt"))
     torch.jit.script(DictOutput()).save(os.path.join(out, "dict.pt"))
+    torch.jit.script(TransformerClassifier()).save(os.path.join(out, "transformer.pt"))
+    torch.jit.script(Bf16TrainingFails()).save(os.path.join(out, "bf16_train_fails.pt"))
     torch.jit.freeze(torch.jit.script(Tied()).eval()).save(os.path.join(out, "frozen.pt"))
     broken = Tied()  # an uninitialised tensor, as torch.empty can leave one
     with torch.no_grad():
