@@ -486,7 +486,12 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
     heartbeat.stop();
     send_run_files(client, reply, config, milliseconds(2000));
     report.set_success(false);
-    report.set_error(e.what());
+    // A model's failure: its line, then the whole message, which the
+    // coordinator prints once for the job (bounded, as gRPC fields are).
+    if (const auto* model_failure = dynamic_cast<const ModelFailure*>(&e))
+      report.set_error(std::string(e.what()) + "\n" + model_failure->detail().substr(0, 16000));
+    else
+      report.set_error(e.what());
     if (auto sent = client.report(report, milliseconds(10000)); !sent.ok())
       spdlog::warn("could not report the failure to the coordinator: {}", describe(sent));
     throw;

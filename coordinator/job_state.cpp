@@ -88,16 +88,25 @@ void JobState::assign_ranks_locked() {
   for (auto* w : order)
     if (w->rank >= 0) taken[size_t(w->rank)] = true;  // claims were checked at join
   size_t next = 0;
-  for (auto* w : order) {
-    bool claimed = w->rank >= 0;
+  std::string placed, claims;
+  for (size_t i = 0; i < order.size(); ++i) {
+    Worker* w = order[i];
+    const bool claimed = w->rank >= 0;
     if (!claimed) {
       while (taken[next]) ++next;
       w->rank = int(next);
       taken[next] = true;
+    } else {
+      claims += (claims.empty() ? "" : ", ") + std::to_string(w->rank);
     }
-    spdlog::info("Decision: rank {} = {}:{} pid {} ({})", w->rank, w->host, w->local_rank, w->pid,
-                 claimed ? "claimed by the worker (RANK)" : "sorted by host name, local rank, join order");
+    if (i < 16)  // one line for the job, however many ranks
+      placed += fmt::format("{}rank {} = {}:{} pid {}", placed.empty() ? "" : ", ", w->rank, w->host, w->local_rank,
+                            w->pid);
+    else if (i == 16)
+      placed += fmt::format(", ... ({} more)", order.size() - 16);
   }
+  spdlog::info("Decision: ranks = {} (sorted by host name, local rank, join order{})", placed,
+               claims.empty() ? "" : "; claimed by the worker (RANK): " + claims);
   for (auto& w : workers_) {
     w.local_world_size = 0;
     w.local_index = 0;
@@ -355,8 +364,21 @@ grpc::Status JobState::report(const v1::ReportRequest& request) {
     spdlog::info("coordinator: rank {} finished", w->rank);
   } else {
     w->state = "failed";
-    w->error = request.error();
-    spdlog::error("coordinator: rank {} ({}) failed: {}", w->rank, w->host, w->error);
+    // The first line is the failure (a model's: phase, step, precision and
+    // its error); lines after it, a traceback, are printed once per job.
+    const std::string& error = request.error();
+    w->error = error.substr(0, std::min(error.find('\n'), size_t(4000)));
+    const auto same = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& x) {
+      return &x != w && x.state == "failed" && x.error == w->error;
+    });
+    if (same != workers_.end()) {
+      spdlog::error("coordinator: rank {} ({}) failed: the same as rank {}", w->rank, w->host, same->rank);
+    } else {
+      spdlog::error("coordinator: rank {} ({}) failed: {}", w->rank, w->host, w->error);
+      if (error.size() > w->error.size() + 1)
+        spdlog::error("coordinator: rank {}'s whole message (also in failure-rank{}.log in its run folder):\n{}",
+                      w->rank, w->rank, error.substr(w->error.size() + 1, 16000));
+    }
     if (state_ == State::kRunning)
       fail_locked("rank " + std::to_string(w->rank) + " (" + w->host + ") failed at step " +
                   std::to_string(w->step) + ": " + w->error);

@@ -22,6 +22,38 @@ class RunError : public std::runtime_error {
   explicit RunError(const std::string& message) : std::runtime_error(message) {}
 };
 
+// The user's model raised: its forward, its loss or its backward, in a
+// training step or an evaluation. what() is one line naming the phase, the
+// step and the precision, then the error's own line; detail() holds the
+// whole message (a TorchScript traceback can be dozens of lines), for the
+// rank's failure file in the run folder. Deterministic: a restart would
+// fail the same way.
+class ModelFailure : public RunError {
+ public:
+  ModelFailure(const std::string& summary, std::string detail) : RunError(summary), detail_(std::move(detail)) {}
+  const std::string& detail() const { return detail_; }
+
+ private:
+  std::string detail_;
+};
+
+// The error itself in a LibTorch or TorchScript message, whose first lines
+// are the interpreter's preamble and a traceback with code pointers: its
+// last "...Error: ..." line, else its first line that is not empty.
+inline std::string error_line(const std::string& message) {
+  std::string found, first;
+  for (size_t start = 0; start < message.size();) {
+    size_t end = message.find('\n', start);
+    if (end == std::string::npos) end = message.size();
+    const std::string line = message.substr(start, end - start);
+    if (first.empty() && line.find_first_not_of(" \t") != std::string::npos) first = line;
+    const size_t at = line.find("Error: ");
+    if (at != std::string::npos && at < 40) found = line;
+    start = end + 1;
+  }
+  return found.empty() ? first : found;
+}
+
 // A control-group barrier did not complete in time. `missing_ranks` lists
 // the ranks that never arrived.
 class BarrierTimeout : public RunError {

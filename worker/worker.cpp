@@ -166,21 +166,6 @@ std::string try_phase(const std::function<void()>& phase) {
   }
 }
 
-// The error itself from a TorchScript message, whose first lines are the
-// interpreter's preamble and a traceback with code pointers: its last
-// "...Error: ..." line, else its first line.
-std::string last_line(const std::string& message) {
-  std::string found, line;
-  std::istringstream lines(message);
-  std::string first;
-  while (std::getline(lines, line)) {
-    if (first.empty() && !line.empty()) first = line;
-    const size_t at = line.find("Error: ");
-    if (at != std::string::npos && at < 40) found = line;
-  }
-  return found.empty() ? first : found;
-}
-
 }  // namespace
 
 std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRegistry& registry,
@@ -239,16 +224,16 @@ std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRe
   if (const std::string failed = try_phase([&] { train_step(bf16); }); !failed.empty())
     throw InputError("the dry run of one training step (forward and backward, precision " + precision + ") of " +
                      model->description() + " on a microbatch of shape " + c10::str(input.sizes()) + shape_words +
-                     " fails: " + last_line(failed) + fixes);
+                     " fails: " + error_line(failed) + fixes);
   if (const std::string failed = try_phase([&] { evaluation(bf16); }); !failed.empty()) {
     if (!bf16 || !try_phase([&] { evaluation(false); }).empty() || !eval_precision)
       throw InputError("the dry run of one evaluation forward (precision " + precision + ") of " +
                        model->description() + " on a microbatch of shape " + c10::str(input.sizes()) + shape_words +
-                       " fails: " + last_line(failed) + fixes);
+                       " fails: " + error_line(failed) + fixes);
     *eval_precision = "fp32";
     std::vector<Decision> decisions = model->decisions();
     decisions.push_back({"eval_precision", "fp32",
-                         "the dry run's evaluation forward fails under bf16 autocast (" + last_line(failed) +
+                         "the dry run's evaluation forward fails under bf16 autocast (" + error_line(failed) +
                              ") and runs in fp32; training stays in bf16 (PyTorch's fused evaluation path of "
                              "Transformer layers, for one, ignores CPU autocast)"});
     return decisions;
@@ -568,15 +553,24 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     // Recording the failure may fail too (the disk that was full is still
     // full): that is said, and the original error is the one that leaves.
     try {
+      // The whole message (a TorchScript traceback) goes to this rank's
+      // file; the log, the manifest and the coordinator get its one line.
+      nlohmann::json failed = {{"event", "failed"}, {"error", e.what()}, {"steps_done", steps_done},
+                               {"generation", options.generation}};
+      if (const auto* model_failure = dynamic_cast<const ModelFailure*>(&e)) {
+        const std::string file = folder.file("failure-rank" + std::to_string(rank) + ".log");
+        write_file_atomically(file, std::string(e.what()) + "\n\n" + model_failure->detail() + "\n");
+        failed["detail_file"] = file;
+      }
       if (rank == 0) {
         manifest.body["status"] = "failed";
         manifest.body["error"] = e.what();
+        if (failed.contains("detail_file")) manifest.body["error_detail_file"] = failed["detail_file"];
         manifest.body["finished_at"] = utc_timestamp();
         manifest.body["decisions"] = decisions.to_json();
         manifest.write();
       }
-      events.write({{"event", "failed"}, {"error", e.what()}, {"steps_done", steps_done},
-                    {"generation", options.generation}});
+      events.write(failed);
     } catch (const std::exception& recording) {
       spdlog::error("could not record the failure in the run folder: {}", recording.what());
     }

@@ -3,6 +3,8 @@
 #include <sstream>
 
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/jit/api/module.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "runtime/errors.h"
@@ -27,6 +29,13 @@ class Mlp : public NativeModule {
     x = torch::relu(run("fc2", [&](const at::Tensor& t) { return fc2_->forward(t); }, x));
     return run("head", [&](const at::Tensor& t) { return head_->forward(t); }, x);
   }
+  std::string torchscript_forward() const override {
+    return "def forward(self, x):\n"
+           "    x = torch.flatten(x, 1)\n"
+           "    x = torch.relu(torch.linear(x, self.fc1.weight, self.fc1.bias))\n"
+           "    x = torch.relu(torch.linear(x, self.fc2.weight, self.fc2.bias))\n"
+           "    return torch.linear(x, self.head.weight, self.head.bias)\n";
+  }
 
  private:
   nn::Linear fc1_, fc2_, head_;
@@ -47,6 +56,17 @@ class Cnn : public NativeModule {
     x = torch::max_pool2d(torch::relu(run("conv2", [&](const at::Tensor& t) { return conv2_->forward(t); }, x)), 2);
     x = torch::relu(run("fc", [&](const at::Tensor& t) { return fc_->forward(t); }, x.flatten(1)));
     return run("head", [&](const at::Tensor& t) { return head_->forward(t); }, dropout_->forward(x));
+  }
+  std::string torchscript_forward() const override {
+    std::ostringstream p;
+    p.precision(17);
+    p << dropout_->options.p();
+    return "def forward(self, x):\n"
+           "    x = torch.max_pool2d(torch.relu(torch.conv2d(x, self.conv1.weight, self.conv1.bias, [1, 1], [1, 1])), [2, 2])\n"
+           "    x = torch.max_pool2d(torch.relu(torch.conv2d(x, self.conv2.weight, self.conv2.bias, [1, 1], [1, 1])), [2, 2])\n"
+           "    x = torch.relu(torch.linear(torch.flatten(x, 1), self.fc.weight, self.fc.bias))\n"
+           "    x = torch.dropout(x, " + p.str() + ", self.training)\n"
+           "    return torch.linear(x, self.head.weight, self.head.bias)\n";
   }
 
  private:
@@ -72,6 +92,14 @@ class DeepNarrowMlp : public NativeModule {
       x = torch::relu(run("layer" + std::to_string(i),
                           [&](const at::Tensor& t) { return layers_[i]->forward(t); }, x));
     return run("head", [&](const at::Tensor& t) { return head_->forward(t); }, x);
+  }
+  std::string torchscript_forward() const override {
+    std::string source = "def forward(self, x):\n"
+                         "    x = torch.relu(torch.linear(torch.flatten(x, 1), self.input.weight, self.input.bias))\n";
+    for (size_t i = 0; i < layers_.size(); ++i)
+      source += "    x = torch.relu(torch.linear(x, self.layer" + std::to_string(i) + ".weight, self.layer" +
+                std::to_string(i) + ".bias))\n";
+    return source + "    return torch.linear(x, self.head.weight, self.head.bias)\n";
   }
 
  private:
@@ -194,9 +222,34 @@ class NativeModel : public Model {
     module_->clear_overflow();
     return first;
   }
+  // A TorchScript module: one submodule per child holding its parameters
+  // and buffers under their names (the layout torch::save writes, so
+  // torch::load reads it back into the C++ module), and the forward as
+  // TorchScript source.
   std::string saved_bytes() override {
+    auto unit = std::make_shared<torch::jit::CompilationUnit>();
+    auto with_training = [&](const std::string& type) {
+      torch::jit::Module m(c10::QualifiedName("__torch__.lockstep." + type), unit, /*shouldMangle=*/true);
+      m.register_attribute("training", c10::BoolType::get(), false);
+      return m;
+    };
+    torch::jit::Module top = with_training(name_);
+    for (const auto& child : module_->named_children()) {
+      torch::jit::Module sub = with_training(name_ + "_" + child.key());
+      for (const auto& p : child.value()->named_parameters(/*recurse=*/false))
+        sub.register_parameter(p.key(), p.value().detach().clone(), /*is_buffer=*/false);
+      for (const auto& b : child.value()->named_buffers(/*recurse=*/false))
+        sub.register_buffer(b.key(), b.value().detach().clone());
+      top.register_module(child.key(), sub);
+    }
+    if (const std::string source = module_->torchscript_forward(); !source.empty())
+      top.define(source);
+    else
+      spdlog::warn("model-final.pt of {} holds its parameters but no forward (the model has no "
+                   "torchscript_forward()): torch.jit.load gives a module that cannot be called", description());
+    top.eval();
     std::ostringstream bytes;
-    torch::save(std::static_pointer_cast<torch::nn::Module>(module_), bytes);
+    top.save(bytes);
     return bytes.str();
   }
   std::string description() const override { return "the built-in " + name_; }

@@ -25,6 +25,12 @@ namespace lockstep {
 class NativeModule : public torch::nn::Module {
  public:
   virtual at::Tensor forward(at::Tensor input) = 0;
+  // The same forward as TorchScript source (`def forward(self, x): ...`)
+  // over the children's parameters (self.fc1.weight, ...), so that
+  // model-final.pt is a module Python can load and call. "" (a model
+  // registered from C++ without one): model-final.pt holds the parameters
+  // only, which is said when it is written.
+  virtual std::string torchscript_forward() const { return ""; }
 
   // Children listed here run in fp32 under autocast. Throws InputError
   // naming an unknown child and the ones there are.
@@ -45,8 +51,10 @@ class NativeModule : public torch::nn::Module {
   std::string first_overflow_;
 };
 
-// `module` behind the Model interface; model-final.pt is a torch::save
-// archive of it. `name` is for messages.
+// `module` behind the Model interface; model-final.pt is a TorchScript
+// module with the same parameters under the same names and the same forward
+// (torch.jit.load in Python scores it; torch::load into the C++ module reads
+// it too). `name` is for messages.
 std::shared_ptr<Model> wrap_native(std::shared_ptr<NativeModule> module, const std::string& name);
 // The module behind a wrapped native model (nullptr for any other model).
 std::shared_ptr<NativeModule> native_module(const std::shared_ptr<Model>& model);

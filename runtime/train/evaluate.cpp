@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "runtime/comm/process_group.h"
+#include "runtime/errors.h"
 #include "runtime/loss/objective.h"
 #include "runtime/model/model.h"
 
@@ -23,10 +24,21 @@ EvalResult evaluate(Model& model, const Objective& objective, const Dataset& tes
   for (int64_t start = 0; start < mine.numel(); start += batch_size) {
     at::Tensor rows = mine.narrow(0, start, std::min(batch_size, mine.numel() - start));
     std::vector<int64_t> unreadable;
-    at::Tensor output = forward_output(model, test.input_rows(rows, &unreadable).to(model.device()),
-                                       precision == "bf16" ? at::kBFloat16 : at::kFloat);
-    std::vector<double> batch =
-        objective.metric_sums(output, test.target_rows(rows, unreadable).to(model.device()));
+    const at::Tensor inputs = test.input_rows(rows, &unreadable).to(model.device());
+    const at::Tensor targets = test.target_rows(rows, unreadable).to(model.device());
+    std::vector<double> batch;
+    try {
+      batch = objective.metric_sums(forward_output(model, inputs, precision == "bf16" ? at::kBFloat16 : at::kFloat),
+                                    targets);
+    } catch (const RunError&) {
+      throw;
+    } catch (const InputError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw ModelFailure(fmt::format("precision {}) failed in {}: {}", precision, model.description(),
+                                     error_line(e.what())),
+                         e.what());
+    }
     if (sums.empty()) sums.assign(batch.size(), 0.0);
     for (size_t i = 0; i < batch.size(); ++i) sums[i] += batch[i];
   }

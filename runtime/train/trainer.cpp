@@ -1,6 +1,7 @@
 #include "runtime/train/trainer.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <cmath>
 #include <limits>
@@ -70,6 +71,9 @@ class StepLoop {
   void log_step(int64_t step, double lr, double global_valid, double seconds);
   // The validation set when there is one, else the test set; `final`: the test set.
   void evaluate_now(int64_t step, bool final = false);
+  // Runs `call` (the model's forward, loss or backward): what it raises
+  // becomes a ModelFailure naming `phase`, the step and the precision.
+  void model_call(const char* phase, int64_t step, const std::function<void()>& call);
   void start_audit(int64_t done);
   void finish_audit();
   void checkpoint_after(int64_t done, double lr);
@@ -275,8 +279,10 @@ double StepLoop::accumulate_gradients(int64_t step) {
     ++microbatches_done_;
     last_epoch_ = batch.epoch;
     auto scope = timer.measure(Phase::kForwardBackward);
-    MaskedLoss loss = objective_->loss(forward_output(model_, batch.inputs.to(device_), autocast_),
-                                       batch.targets.to(device_));
+    MaskedLoss loss;
+    model_call("training forward", step + 1, [&] {
+      loss = objective_->loss(forward_output(model_, batch.inputs.to(device_), autocast_), batch.targets.to(device_));
+    });
     if (const std::string overflow = model_.take_overflow(); !overflow.empty()) {
       ++result_.overflows;
       if (result_.overflows <= 3)
@@ -298,7 +304,7 @@ double StepLoop::accumulate_gradients(int64_t step) {
     if (std::isfinite(value)) local_loss_sum += value;
     reducer_.begin_microbatch(micro, config_.train.accum_steps, local_valid, local_loss_sum,
                               local_samples);
-    (scaler_ ? loss.sum * scaler_->scale() : loss.sum).backward();
+    model_call("training backward", step + 1, [&] { (scaler_ ? loss.sum * scaler_->scale() : loss.sum).backward(); });
     result_.masked_targets += loss.masked;
   }
   auto scope = timer.measure(Phase::kCommWait);
@@ -385,16 +391,35 @@ void StepLoop::log_step(int64_t step, double lr, double global_valid, double sec
   }
 }
 
+void StepLoop::model_call(const char* phase, int64_t step, const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const RunError&) {
+    throw;
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ModelFailure(fmt::format("{} at step {} (precision {}) failed in {}: {}", phase, step, parts_.precision,
+                                   model_.description(), error_line(e.what())),
+                       e.what());
+  }
+}
+
 void StepLoop::evaluate_now(int64_t step, bool final) {
   const bool validation = !final && parts_.data.has_validation();
   EvalResult& figures = validation ? result_.last_validation : result_.last_eval;
   {
     auto scope = parts_.timer.measure(Phase::kEval);
-    figures = buffers_->as_saved([&] {
-      return evaluate(model_, *objective_, validation ? parts_.data.validation : parts_.data.test,
-                      parts_.rank, parts_.world_size, config_.eval.batch_size, parts_.data_group,
-                      parts_.eval_precision);
-    });
+    try {
+      figures = buffers_->as_saved([&] {
+        return evaluate(model_, *objective_, validation ? parts_.data.validation : parts_.data.test,
+                        parts_.rank, parts_.world_size, config_.eval.batch_size, parts_.data_group,
+                        parts_.eval_precision);
+      });
+    } catch (const ModelFailure& e) {  // evaluate() knows the phase, not the step
+      throw ModelFailure(fmt::format("{} at step {} ({}", validation ? "validation" : "evaluation", step, e.what()),
+                         e.detail());
+    }
   }
   const std::string split = validation ? "validation" : "test";
   parts_.events.write({{"event", "eval"}, {"step", step}, {"split", split}, {"loss", figures.loss},

@@ -73,7 +73,7 @@ TEST(Coordinator, HandStartedCoordinatorAndWorkersTrainToTheEnd) {
   EXPECT_EQ(a.wait(120), 0) << a.output();
   EXPECT_EQ(b.wait(120), 0) << b.output();
   EXPECT_EQ(cluster.coordinator->wait(30), 0) << cluster.coordinator->output();
-  EXPECT_NE(cluster.coordinator->output().find("Decision: rank 0 = "), std::string::npos);
+  EXPECT_NE(cluster.coordinator->output().find("Decision: ranks = rank 0 = "), std::string::npos);
   auto manifest = read_json(single_run(dir.path() + "/runs") + "/manifest.json");
   EXPECT_EQ(manifest["status"], "completed");
   EXPECT_EQ(manifest["metrics"]["steps"], 30);

@@ -384,5 +384,34 @@ TEST(ScriptedModel, ATrainingStepThatFailsInBf16IsRefusedBeforeStartNamingThePha
   EXPECT_FALSE(fs::exists(runs)) << "refused before anything started";
 }
 
+TEST(ScriptedModel, AModelThatRaisesInEvaluationOnFourRanksIsReportedOnce) {
+  TempDir dir;
+  const std::string fx = make_fixtures(dir);
+  const std::string runs = dir.path() + "/runs";
+  auto result = run_lockstep(scripted_run(dir, runs, 4, fx, "fails_in_eval.pt", "classes",
+                                          {"job.steps=20", "eval.every=5", "fault.max_restarts=2"}),
+                             dir.path(), 120);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  size_t lines = 0, tracebacks = 0;
+  std::istringstream output(result.output);
+  for (std::string line; std::getline(output, line);) {
+    ++lines;
+    tracebacks += line.find("Traceback of TorchScript, original code") != std::string::npos;
+  }
+  EXPECT_LT(lines, 80u) << result.output;
+  EXPECT_EQ(tracebacks, 1u) << "the whole message once, for the job\n" << result.output;
+  EXPECT_NE(result.output.find("evaluation at step 5 (precision fp32) failed in"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("the evaluation head is not ready for this input"), std::string::npos);
+  EXPECT_NE(result.output.find("failed: the same as rank"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("Decision: restart"), std::string::npos) << "a model's own error is not retried";
+  const std::string run = single_run(runs);
+  const auto manifest = read_json(run + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "failed");
+  EXPECT_NE(manifest.value("error", "").find("evaluation at step 5"), std::string::npos) << manifest.dump(2);
+  std::ifstream detail(run + "/failure-rank0.log");
+  const std::string whole((std::istreambuf_iterator<char>(detail)), std::istreambuf_iterator<char>());
+  EXPECT_NE(whole.find("Traceback of TorchScript"), std::string::npos) << whole;
+}
+
 }  // namespace
 }  // namespace lockstep::testing

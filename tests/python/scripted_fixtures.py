@@ -8,7 +8,8 @@
                        DIR/images (for bn.pt), DIR/missing (all targets NaN),
                        DIR/nan_weight.pt, DIR/inf_buffer.pt, DIR/zero_weight.pt,
                        DIR/transformer.pt (an nn.TransformerEncoder classifier for DIR/classes),
-                       DIR/bf16_train_fails.pt (a training step that cannot run in bf16)
+                       DIR/bf16_train_fails.pt (a training step that cannot run in bf16),
+                       DIR/fails_in_eval.pt (raises at its first evaluation during training)
   eager DIR DATA LOSS OPTIM LR STEPS BATCH SEED MODEL_FINAL
                        trains tied.pt's module eagerly in PyTorch on the
                        batches lockstep's sampler gives one rank, and prints
@@ -100,6 +101,23 @@ class Bf16TrainingFails(nn.Module):
         return h
 
 
+class FailsInLaterEvaluation(nn.Module):
+    """Trains, then raises in evaluation once it has seen more than 3 training
+    batches: after the dry run, at the first evaluation during training."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.register_buffer("batches_seen", torch.zeros(1, dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.batches_seen += 1
+        elif int(self.batches_seen.item()) > 3:
+            raise RuntimeError("the evaluation head is not ready for this input")
+        return self.fc(x)
+
+
 class DictOutput(nn.Module):
     def __init__(self):
         super().__init__()
@@ -123,6 +141,7 @@ def make(out):
     torch.jit.script(DictOutput()).save(os.path.join(out, "dict.pt"))
     torch.jit.script(TransformerClassifier()).save(os.path.join(out, "transformer.pt"))
     torch.jit.script(Bf16TrainingFails()).save(os.path.join(out, "bf16_train_fails.pt"))
+    torch.jit.script(FailsInLaterEvaluation()).save(os.path.join(out, "fails_in_eval.pt"))
     torch.jit.freeze(torch.jit.script(Tied()).eval()).save(os.path.join(out, "frozen.pt"))
     broken = Tied()  # an uninitialised tensor, as torch.empty can leave one
     with torch.no_grad():
