@@ -22,6 +22,11 @@ TEST(DefaultJob, CnnOnFashionMnistReachesNinetyPercent) {
   std::printf("default job: test accuracy %.4f in %.1f s\n", accuracy, result.seconds);
   EXPECT_GE(accuracy, 0.90);
   EXPECT_EQ(manifest["metrics"]["test_samples"], 10000);
+  // Its model-final.pt is a module PyTorch loads and scores to the same accuracy.
+  const auto scored = python_tool("score_run.py", single_run(dir.path() + "/runs") + " 2>&1", 300);
+  ASSERT_EQ(scored.exit_code, 0) << scored.output;
+  const auto python = nlohmann::json::parse(scored.output.substr(scored.output.rfind('{')));
+  EXPECT_NEAR(python["accuracy"].get<double>(), accuracy, 1e-6) << scored.output;
 }
 
 }  // namespace

@@ -413,5 +413,27 @@ TEST(ScriptedModel, AModelThatRaisesInEvaluationOnFourRanksIsReportedOnce) {
   EXPECT_NE(whole.find("Traceback of TorchScript"), std::string::npos) << whole;
 }
 
+TEST(ScriptedModel, TheBuiltInCnnsModelFinalLoadsInPyTorchAndScoresAsReported) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist")) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir dir;
+  for (const char* precision : {"fp32", "bf16"}) {
+    const std::string runs = dir.path() + "/" + precision;
+    auto result = run_lockstep({"run", examples_dir() + "/fashion_mnist_cnn.toml", "--nproc", "2", "--set",
+                                "job.run_dir=" + runs, "--set", "job.steps=30", "--set", "eval.every=0", "--set",
+                                std::string("precision=") + precision, "--set", "precision.allow_emulated=true"},
+                               dir.path(), 180);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    const std::string run = single_run(runs);
+    const double reported = read_json(run + "/manifest.json")["metrics"]["test_accuracy"];
+    const auto scored = python_tool("score_run.py", run + " 2>&1", 300);
+    ASSERT_EQ(scored.exit_code, 0) << scored.output;
+    const auto python = nlohmann::json::parse(scored.output.substr(scored.output.rfind('{')));
+    EXPECT_NEAR(python["accuracy"].get<double>(), reported, 1e-6) << precision << ": " << scored.output;
+    EXPECT_EQ(python["samples"], 10000);
+    std::printf("cnn, 30 steps, %s: lockstep %.4f, model-final.pt in PyTorch %.4f\n", precision, reported,
+                python["accuracy"].get<double>());
+  }
+}
+
 }  // namespace
 }  // namespace lockstep::testing
