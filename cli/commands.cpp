@@ -379,6 +379,13 @@ void send_run_files(CoordinatorClient& client, const v1::JoinReply& reply, const
   std::vector<std::string> names = {"events-rank" + std::to_string(reply.rank()) + ".jsonl",
                                     "audit-rank" + std::to_string(reply.rank()) + ".jsonl"};
   if (reply.rank() == 0) names.insert(names.end(), {"manifest.json", "model-final.pt"});
+  // TensorBoard's files too, so that `tensorboard --logdir` and `lockstep
+  // report` on the coordinator's folder see every rank.
+  const std::string board = "tensorboard/rank" + std::to_string(reply.rank());
+  std::error_code listing;
+  for (const auto& entry : std::filesystem::directory_iterator(folder.file(board), listing))
+    if (entry.is_regular_file() && entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+      names.push_back(board + "/" + entry.path().filename().string());
   std::string sent;
   for (const auto& name : names) {
     if (!std::filesystem::exists(folder.file(name))) continue;

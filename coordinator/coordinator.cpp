@@ -32,18 +32,28 @@ grpc::Status receive_file_chunk(const std::string& folder, int world_size, const
   const int rank = chunk.rank();
   const std::string& name = chunk.name();
   const std::string suffix = "-rank" + std::to_string(rank) + ".jsonl";
+  // A rank's TensorBoard file: tensorboard/rank<N>/events.out.tfevents.<a plain name>.
+  const std::string board = "tensorboard/rank" + std::to_string(rank) + "/events.out.tfevents.";
+  const bool tensorboard = name.size() > board.size() && name.size() <= board.size() + 200 &&
+                           name.compare(0, board.size(), board) == 0 &&
+                           name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-",
+                                                  board.size()) == std::string::npos &&
+                           name.find("..", board.size()) == std::string::npos;
   const bool allowed = rank >= 0 && rank < world_size &&
-                       (name == "events" + suffix || name == "audit" + suffix ||
+                       (name == "events" + suffix || name == "audit" + suffix || tensorboard ||
                         (rank == 0 && (name == "manifest.json" || name == "model-final.pt")));
   if (!allowed)
     return {grpc::StatusCode::INVALID_ARGUMENT,
             "rank " + std::to_string(rank) + " may not send '" + name + "' (allowed: events" + suffix +
-                ", audit" + suffix + (rank == 0 ? ", manifest.json, model-final.pt" : "") + ")"};
+                ", audit" + suffix + ", " + board + "*" + (rank == 0 ? ", manifest.json, model-final.pt" : "") + ")"};
   if (chunk.data().size() > (256u << 10))
     return {grpc::StatusCode::INVALID_ARGUMENT, "a chunk carries at most 256 KiB"};
   // Chunks arrive in order into a partial file, renamed into place with the last.
-  const std::string partial = folder + "/." + name + ".partial";
   std::error_code error;
+  const auto slash = name.rfind('/');
+  const std::string subfolder = slash == std::string::npos ? "" : "/" + name.substr(0, slash);
+  if (!subfolder.empty()) std::filesystem::create_directories(folder + subfolder, error);
+  const std::string partial = folder + subfolder + "/." + name.substr(slash + 1) + ".partial";
   const auto size = std::filesystem::exists(partial) ? std::filesystem::file_size(partial, error) : 0;
   if (chunk.offset() != 0 && uintmax_t(chunk.offset()) != size)
     return {grpc::StatusCode::FAILED_PRECONDITION,

@@ -127,7 +127,18 @@ TEST_F(MultiHostTest, TwoWorkerHostsTrainLikeOneHostWithoutASharedFolder) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(std::filesystem::exists(folder + "/events-rank" + std::to_string(r) + ".jsonl"));
     EXPECT_TRUE(std::filesystem::exists(folder + "/audit-rank" + std::to_string(r) + ".jsonl"));
+    // TensorBoard's files too: its scalars, read back, match that rank's events.
+    const std::string board = folder + "/tensorboard/rank" + std::to_string(r);
+    ASSERT_TRUE(std::filesystem::is_directory(board)) << board;
+    std::string file;
+    for (const auto& entry : std::filesystem::directory_iterator(board)) file = entry.path().string();
+    auto read = python_tool("tb_reader.py", file + " 2>&1");
+    EXPECT_EQ(read.exit_code, 0) << read.output;
+    EXPECT_NE(read.output.find("\"train/loss\""), std::string::npos) << read.output.substr(0, 400);
   }
+  auto report = run_lockstep({"report", folder}, dir.path(), 60);
+  EXPECT_EQ(report.exit_code, 0) << report.output;
+  EXPECT_EQ(report.output.find("events-rank1.jsonl: missing"), std::string::npos) << report.output;
   auto audit = run_lockstep({"audit", folder}, dir.path(), 30);
   EXPECT_EQ(audit.exit_code, 0) << audit.output;
 
