@@ -1,7 +1,10 @@
 // The coordinator end to end with real gRPC on loopback and real processes:
 // the embedded one behind `lockstep run`, one started by hand with workers
 // started by hand, TLS, and a rendezvous that never fills.
+#include <chrono>
 #include <filesystem>
+#include <regex>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -125,6 +128,46 @@ TEST(Coordinator, RendezvousTimeoutNamesWhoJoined) {
             std::string::npos);
   EXPECT_NE(lonely.wait(20), 0);
   EXPECT_NE(lonely.output().find("rendezvous timed out"), std::string::npos) << lonely.output();
+}
+
+}  // namespace
+}  // namespace lockstep::testing
+
+namespace lockstep::testing {
+namespace {
+
+// Seconds since midnight from a log line's "HH:MM:SS.mmm" before `marker`; -1 if absent.
+double logged_time(const std::string& output, const std::string& marker) {
+  const size_t at = output.find(marker);
+  if (at == std::string::npos) return -1;
+  const size_t line = output.rfind('\n', at) == std::string::npos ? 0 : output.rfind('\n', at) + 1;
+  std::smatch match;
+  const std::string text = output.substr(line, at - line);
+  if (!std::regex_search(text, match, std::regex("([0-9]{2}):([0-9]{2}):([0-9]{2}\\.[0-9]{3})"))) return -1;
+  return std::stoi(match[1]) * 3600.0 + std::stoi(match[2]) * 60.0 + std::stod(match[3]);
+}
+
+TEST(Coordinator, AWorkerStartedFirstJoinsWithinASecondOfTheCoordinator) {
+  TempDir dir;
+  const int port = free_port();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  // The worker knocks for 6 s first: long enough for any backoff to grow.
+  LockstepProcess worker({"worker", "--coordinator", address, "--rendezvous-timeout", "60"}, dir.path(),
+                         {"LOCKSTEP_TOKEN=" + kToken});
+  ASSERT_TRUE(worker.wait_for_output("waiting for the coordinator", 30)) << worker.output();
+  std::this_thread::sleep_for(std::chrono::seconds(6));
+  LockstepProcess coordinator({"coordinator", examples_dir() + "/synthetic.toml", "--listen", address, "--set",
+                               "job.run_dir=" + dir.path() + "/runs", "--set", "job.world_size=1", "--set",
+                               "job.steps=2"},
+                              dir.path(), {"LOCKSTEP_TOKEN=" + kToken});
+  ASSERT_TRUE(coordinator.wait_for_output("join 1 of 1", 30)) << coordinator.output();
+  const double listening = logged_time(coordinator.output(), "coordinator: listening on");
+  const double joined = logged_time(coordinator.output(), "coordinator: join 1 of 1");
+  ASSERT_GE(listening, 0) << coordinator.output();
+  EXPECT_LT(joined - listening, 1.0) << coordinator.output();
+  std::printf("a worker that started 6 s early joined %.3f s after the coordinator listened\n", joined - listening);
+  EXPECT_EQ(coordinator.wait(60), 0) << coordinator.output();
+  EXPECT_EQ(worker.wait(30), 0) << worker.output();
 }
 
 }  // namespace
