@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
 #include "coordinator/key_value_store.h"
@@ -340,6 +341,10 @@ void CoordinatorServer::start() {
   } else {
     credentials = grpc::InsecureServerCredentials();
   }
+  // The standard grpc.health.v1.Health service (SERVING once the port
+  // listens): the readiness probe of Kubernetes (`grpc: {port: ...}`) and of
+  // grpc_health_probe. It needs no token and tells nothing about the job.
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.listen, credentials, &port_);
   builder.RegisterService(service_.get());

@@ -2,10 +2,13 @@
 // the embedded one behind `lockstep run`, one started by hand with workers
 // started by hand, TLS, and a rendezvous that never fills.
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <regex>
 #include <thread>
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include "integration/cluster.h"
@@ -168,6 +171,41 @@ TEST(Coordinator, AWorkerStartedFirstJoinsWithinASecondOfTheCoordinator) {
   std::printf("a worker that started 6 s early joined %.3f s after the coordinator listened\n", joined - listening);
   EXPECT_EQ(coordinator.wait(60), 0) << coordinator.output();
   EXPECT_EQ(worker.wait(30), 0) << worker.output();
+}
+
+// One grpc.health.v1.Health/Check call, as a readiness probe makes it: the
+// request is the empty HealthCheckRequest (service ""), the reply's bytes
+// are returned (08 01: status SERVING). No token.
+std::string health_check(const std::string& address) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::CompletionQueue queue;
+  grpc::ByteBuffer request, reply;
+  grpc::Slice empty("", 0);
+  request = grpc::ByteBuffer(&empty, 1);
+  auto call = stub.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", request, &queue);
+  call->StartCall();
+  grpc::Status status;
+  call->Finish(&reply, &status, reinterpret_cast<void*>(1));
+  void* tag = nullptr;
+  bool ok = false;
+  if (!queue.Next(&tag, &ok) || !ok || !status.ok()) return "error: " + status.error_message();
+  std::vector<grpc::Slice> slices;
+  (void)reply.Dump(&slices);
+  std::string bytes;
+  for (const auto& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  return bytes;
+}
+
+TEST(Coordinator, AnswersTheStandardGrpcHealthCheckWithoutAToken) {
+  TempDir dir;
+  Cluster cluster(dir, {"job.steps=2"});
+  EXPECT_EQ(health_check(cluster.address()), std::string("\x08\x01", 2)) << "SERVING";
+  EXPECT_NE(health_check("127.0.0.1:" + std::to_string(free_port())).rfind("error", 0), std::string::npos);
+  cluster.coordinator->signal(SIGTERM);
+  EXPECT_EQ(cluster.coordinator->wait(30), 1);
 }
 
 }  // namespace

@@ -192,6 +192,11 @@ TEST(KubernetesManifests, AgreeOnWorldSizeRestartsPortsAndFolders) {
   const auto& [claim, path] = *claim_paths[0].begin();
   EXPECT_NO_THROW(object(objects, "PersistentVolumeClaim", claim));
   EXPECT_EQ(set_value(serve, "job.run_dir").rfind(path + "/", 0), 0u) << set_value(serve, "job.run_dir");
+  // Ready when the coordinator answers gRPC's health service on its own port
+  // (Coordinator.AnswersTheStandardGrpcHealthCheck... checks the answer).
+  const json& probe = container(coordinator)["readinessProbe"];
+  ASSERT_TRUE(probe.contains("grpc")) << container(coordinator).dump(2);
+  EXPECT_EQ(probe["grpc"]["port"], container(coordinator)["ports"][0]["containerPort"]);
 }
 
 class KubernetesTest : public ::testing::Test {
