@@ -493,6 +493,7 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
     heartbeat.stop();
     send_run_files(client, reply, config, milliseconds(2000));
     report.set_success(false);
+    report.set_peer_may_be_lost(peer_may_be_lost);
     // A model's failure: its line, then the whole message, which the
     // coordinator prints once for the job (bounded, as gRPC fields are).
     if (const auto* model_failure = dynamic_cast<const ModelFailure*>(&e))

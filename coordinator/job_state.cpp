@@ -379,9 +379,19 @@ grpc::Status JobState::report(const v1::ReportRequest& request) {
         spdlog::error("coordinator: rank {}'s whole message (also in failure-rank{}.log in its run folder):\n{}",
                       w->rank, w->rank, error.substr(w->error.size() + 1, 16000));
     }
-    if (state_ == State::kRunning)
-      fail_locked("rank " + std::to_string(w->rank) + " (" + w->host + ") failed at step " +
-                  std::to_string(w->step) + ": " + w->error);
+    const std::string verdict = "rank " + std::to_string(w->rank) + " (" + w->host + ") failed at step " +
+                                std::to_string(w->step) + ": " + w->error;
+    if (state_ == State::kRunning) {
+      fail_locked(verdict);
+      failure_from_lost_peer_ = request.peer_may_be_lost();
+    } else if (state_ == State::kFailed && failure_from_lost_peer_ && !request.peer_may_be_lost()) {
+      // The first report only lost its peer (a closed connection); this rank
+      // has an error of its own: the root cause, named in the verdict.
+      spdlog::error("coordinator: the root cause is rank {}'s own error; rank(s) reported before it only "
+                    "lost their peer", w->rank);
+      failure_ = verdict + " (before it, " + failure_ + ")";
+      failure_from_lost_peer_ = false;
+    }
   }
   const bool all_reported = std::all_of(workers_.begin(), workers_.end(), [](const Worker& x) {
     return x.state == "finished" || x.state == "stopped";

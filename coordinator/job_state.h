@@ -177,6 +177,9 @@ class JobState {
   State state_ = State::kWaiting;       // guarded by mutex_
   std::vector<Worker> workers_;         // guarded by mutex_; index = join order
   std::string failure_;                 // guarded by mutex_
+  // The job's failure came from a rank that only lost its peer: a later
+  // report of a rank's own error replaces it as the root cause.
+  bool failure_from_lost_peer_ = false;
   bool cancelled_ = false;              // the failure was a cancellation; guarded by mutex_
   std::string stop_reason_;             // guarded by mutex_; "" while no stop was asked for
   int64_t stopped_at_step_ = 0;         // guarded by mutex_
