@@ -446,7 +446,7 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
                         &usr1_received};
   if (reply.rank() == 0) {  // the manifest's writer: a dead job must not go on saying "running"
     const RunFolder folder(config.job.run_dir, reply.run_id());
-    beat.before_exit = [folder](const std::string& why) { folder.record_sudden_end(why); };
+    beat.on_coordinator_lost = [folder](const std::string& why) { folder.record_sudden_end(why); };
   }
   HeartbeatLoop heartbeat(client, beat);
   CoordinatorRendezvous rendezvous(reply, client);

@@ -13,6 +13,7 @@
 #include "runtime/config.h"
 #include "runtime/errors.h"
 #include "runtime/run_folder.h"
+#include "runtime/untrusted_json.h"
 #include "worker/coordinator_client.h"
 
 namespace lockstep {
@@ -103,6 +104,64 @@ void print_status(const v1::StatusReply& reply) {
                 r.heartbeat_age_s(), r.state().c_str(), r.phase().c_str());
 }
 
+// A finished run's outcome from its manifest: the state and why, how far
+// it got, each restart (the rank that died, the step resumed from, the
+// steps redone, how long it took) and each rank's last state. Every field
+// read as what it should be, or left out: the manifest is a file anyone
+// may have edited.
+void print_finished(const nlohmann::json& manifest, const std::string& run_dir, bool json) {
+  auto text = [](const nlohmann::json& o, const char* key) {
+    auto it = o.find(key);
+    return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  auto number = [](const nlohmann::json& o, const char* key, double fallback) {
+    auto it = o.find(key);
+    return it != o.end() && it->is_number() ? it->get<double>() : fallback;
+  };
+  nlohmann::json restarts = nlohmann::json::array(), ranks = nlohmann::json::array();
+  if (auto r = manifest.find("restarts"); r != manifest.end() && r->is_array())
+    for (const auto& restart : *r)
+      if (restart.is_object())
+        restarts.push_back({{"generation", int64_t(number(restart, "generation", 0))},
+                            {"dead_rank", int64_t(number(restart, "dead_rank", -1))},
+                            {"during", text(restart, "during")},
+                            {"resumed_from_step", int64_t(number(restart, "resumed_from_step", -1))},
+                            {"steps_redone", int64_t(number(restart, "steps_redone", -1))},
+                            {"recovery_s", number(restart, "recovery_s", -1)},
+                            {"reason", text(restart, "reason")}});
+  if (auto c = manifest.find("coordinator"); c != manifest.end() && c->is_object())
+    if (auto w = c->find("workers"); w != c->end() && w->is_array())
+      for (const auto& worker : *w)
+        if (worker.is_object())
+          ranks.push_back({{"rank", int64_t(number(worker, "rank", -1))}, {"host", text(worker, "host")},
+                           {"state", text(worker, "state")}, {"step", int64_t(number(worker, "last_step", 0))}});
+  const std::string state = text(manifest, "status"), error = text(manifest, "error");
+  if (json) {
+    std::printf("%s\n", nlohmann::json({{"run_id", text(manifest, "run_id")}, {"state", state}, {"running", false},
+                                         {"failure", error}, {"restarts", restarts}, {"ranks", ranks}})
+                            .dump(2)
+                            .c_str());
+    return;
+  }
+  std::printf("run %s: %s, not running (no coordinator address in %s; its manifest says so)\n",
+              text(manifest, "run_id").c_str(), state.empty() ? "?" : state.c_str(), run_dir.c_str());
+  if (!error.empty()) std::printf("error: %s\n", error.c_str());
+  for (const auto& r : restarts) {
+    const int64_t rank = r["dead_rank"], redone = r["steps_redone"], resumed = r["resumed_from_step"];
+    const double seconds = r["recovery_s"];
+    std::printf("restart to generation %lld: %s%s; %s%s%s\n", static_cast<long long>(r["generation"].get<int64_t>()),
+                rank >= 0 ? ("rank " + std::to_string(rank) + " lost").c_str() : "a worker lost before it had a rank",
+                r["during"] == "the rendezvous" ? " during the rendezvous" : "",
+                resumed >= 0 ? ("resumed from step " + std::to_string(resumed)).c_str() : "no step trained after it",
+                redone >= 0 ? (", " + std::to_string(redone) + " steps redone").c_str() : "",
+                seconds >= 0 ? fmt::format(", recovery {:.2f} s", seconds).c_str() : "");
+  }
+  for (const auto& r : ranks)
+    std::printf("rank %lld (%s): %s at step %lld\n", static_cast<long long>(r["rank"].get<int64_t>()),
+                r["host"].get<std::string>().c_str(), r["state"].get<std::string>().c_str(),
+                static_cast<long long>(r["step"].get<int64_t>()));
+}
+
 }  // namespace
 
 int status_command(ConnectionFlags connection, const std::string& run_dir, bool json, bool watch) {
@@ -112,17 +171,11 @@ int status_command(ConnectionFlags connection, const std::string& run_dir, bool 
       const std::string manifest_path = run_dir + "/manifest.json";
       if (!std::filesystem::exists(manifest_path))
         throw InputError(run_dir + ": not a run folder (no manifest.json, no " + kAddressFile + ")");
-      const auto manifest = nlohmann::json::parse(read_text_file(manifest_path, "the manifest", 64 << 20));
-      const std::string state = manifest.value("status", "?");
-      if (json) {
-        std::printf("%s\n", nlohmann::json({{"run_id", manifest.value("run_id", "")}, {"state", state},
-                                             {"running", false}}).dump(2).c_str());
-        return 0;
-      }
-      std::printf("run %s: %s, not running (no coordinator address in %s; its manifest says so)%s%s\n",
-                  manifest.value("run_id", "?").c_str(), state.c_str(), run_dir.c_str(),
-                  manifest.contains("error") ? "\nerror: " : "",
-                  manifest.contains("error") ? manifest["error"].get<std::string>().c_str() : "");
+      std::string why;
+      const auto manifest = parse_untrusted_json(read_text_file(manifest_path, "the manifest", 64 << 20), &why);
+      if (!manifest.is_object())
+        throw InputError(manifest_path + ": not a readable manifest (" + (why.empty() ? "not a JSON object" : why) + ")");
+      print_finished(manifest, run_dir, json);
       return 0;
     }
     connection.coordinator = read_text_file(address_file, "the coordinator address", 4096);

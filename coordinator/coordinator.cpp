@@ -8,10 +8,10 @@
 #include <sstream>
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
 #include "coordinator/key_value_store.h"
+#include "lockstep/proto/health.grpc.pb.h"
 #include "lockstep/proto/lockstep.grpc.pb.h"
 #include "runtime/errors.h"
 #include "runtime/run_folder.h"
@@ -206,6 +206,18 @@ std::string redact(const std::string& secret) {
          std::to_string(secret.size()) + " chars)";
 }
 
+// grpc.health.v1.Health/Check: the server as a whole ("") is SERVING.
+class CoordinatorServer::HealthService final : public grpc::health::v1::Health::Service {
+ public:
+  grpc::Status Check(grpc::ServerContext*, const grpc::health::v1::HealthCheckRequest* request,
+                     grpc::health::v1::HealthCheckResponse* reply) override {
+    if (!request->service().empty())
+      return {grpc::StatusCode::NOT_FOUND, "this server checks its health as a whole: ask for service \"\""};
+    reply->set_status(grpc::health::v1::HealthCheckResponse::SERVING);
+    return grpc::Status::OK;
+  }
+};
+
 // The gRPC handlers: check the token, then hand over to JobState.
 class CoordinatorServer::Service final : public v1::Coordinator::Service {
  public:
@@ -341,13 +353,15 @@ void CoordinatorServer::start() {
   } else {
     credentials = grpc::InsecureServerCredentials();
   }
-  // The standard grpc.health.v1.Health service (SERVING once the port
-  // listens): the readiness probe of Kubernetes (`grpc: {port: ...}`) and of
-  // grpc_health_probe. It needs no token and tells nothing about the job.
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.listen, credentials, &port_);
   builder.RegisterService(service_.get());
+  // The standard grpc.health.v1.Health service (SERVING once the port
+  // listens): the readiness probe of Kubernetes (`grpc: {port: ...}`) and of
+  // grpc_health_probe, on the same port. (gRPC's built-in one opened a
+  // second listening port here.) No token: it tells nothing about the job.
+  health_ = std::make_unique<HealthService>();
+  builder.RegisterService(health_.get());
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   builder.SetMaxSendMessageSize(options_.max_message_bytes);
   server_ = builder.BuildAndStart();
@@ -432,13 +446,21 @@ void CoordinatorServer::write_manifest() const {
     manifest["restarts"] = restarts;
     manifest["restart_count"] = restarts.size();
     if (state_->state() == JobState::State::kFailed) manifest["final_failure"] = state_->failure();
-    for (const auto& r : restarts)
-      spdlog::info("coordinator: restart to generation {} resumed from step {} (generation {} had reached "
-                   "step {}): {}; recovery {:.2f} s (death to the first step), {} steps redone",
-                   r["generation"].get<int64_t>(), r.value("resumed_from_step", int64_t(-1)),
-                   r["generation"].get<int64_t>() - 1, r.value("steps_reached", int64_t(-1)),
-                   r["reason"].get<std::string>(), r.value("recovery_s", -1.0),
-                   r.value("steps_redone", int64_t(-1)));
+    for (const auto& r : restarts) {
+      // Figures that could not be measured (no step trained after the
+      // restart, evidence on another host) are said so, never printed as -1.
+      if (r.contains("recovery_s"))
+        spdlog::info("coordinator: restart to generation {} resumed from step {} (generation {} had reached "
+                     "step {}): {}; recovery {:.2f} s (death to the first step), {} steps redone",
+                     r["generation"].get<int64_t>(), r["resumed_from_step"].get<int64_t>(),
+                     r["generation"].get<int64_t>() - 1, r["steps_reached"].get<int64_t>(),
+                     r["reason"].get<std::string>(), r["recovery_s"].get<double>(), r["steps_redone"].get<int64_t>());
+      else
+        spdlog::info("coordinator: restart to generation {}: {}; no step of generation {} was recorded after it "
+                     "in {}, so its recovery time and steps redone are not known",
+                     r["generation"].get<int64_t>(), r["reason"].get<std::string>(), r["generation"].get<int64_t>(),
+                     folder.path());
+    }
   }
   if (state_->state() == JobState::State::kCompleted && state_->first_drift_step() >= 0) {
     manifest["status"] = "completed_with_drift";

@@ -64,12 +64,14 @@ class CoordinatorServer {
 
  private:
   class Service;
+  class HealthService;  // grpc.health.v1.Health, for readiness probes
   void write_manifest() const;
 
   CoordinatorOptions options_;
   JobStateOptions job_;
   std::unique_ptr<JobState> state_;
   std::unique_ptr<Service> service_;
+  std::unique_ptr<HealthService> health_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<RunFolderLock> folder_lock_;  // held while this coordinator writes the run folder
   std::thread monitor_;

@@ -366,7 +366,8 @@ grpc::Status JobState::report(const v1::ReportRequest& request) {
     w->state = "failed";
     // The first line is the failure (a model's: phase, step, precision and
     // its error); lines after it, a traceback, are printed once per job.
-    const std::string& error = request.error();
+    const std::string& raw = request.error();
+    const std::string error = raw.substr(std::min(raw.find_first_not_of("\n "), raw.size()));
     w->error = error.substr(0, std::min(error.find('\n'), size_t(4000)));
     const auto same = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& x) {
       return &x != w && x.state == "failed" && x.error == w->error;

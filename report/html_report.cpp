@@ -73,10 +73,12 @@ std::vector<ChartMarker> markers_of(const std::vector<RunRecord>& runs) {
   for (size_t i = 0; i < runs.size(); ++i) {
     const std::string who = runs.size() > 1 ? std::string(1, char('A' + i)) + " " : "";
     for (const auto& r : runs[i].restarts)
-      out.push_back({double(r.steps_reached),
-                     who + "restart: generation " + std::to_string(r.generation) + ", resumed from step " +
-                         std::to_string(r.resumed_from_step),
-                     "#ff7f0e"});
+      if (r.steps_reached >= 0)  // where the generation stopped; unknown: no line to draw
+        out.push_back({double(r.steps_reached),
+                       who + "restart: generation " + std::to_string(r.generation) +
+                           (r.resumed_from_step >= 0 ? ", resumed from step " + std::to_string(r.resumed_from_step)
+                                                     : std::string()),
+                       "#ff7f0e"});
     if (runs[i].first_drift_step >= 0)
       out.push_back({double(runs[i].first_drift_step),
                      who + "first drift: step " + std::to_string(runs[i].first_drift_step), "#b00020"});
@@ -235,14 +237,18 @@ std::string outcome_table(const std::vector<RunRecord>& runs) {
   return out;
 }
 
+// A figure the manifest holds, or "not measured" where it could not be (-1).
+std::string known(int64_t value) { return value >= 0 ? std::to_string(value) : "not measured"; }
+
 std::string restart_table(const std::vector<RunRecord>& runs) {
   std::string rows;
   for (size_t i = 0; i < runs.size(); ++i)
     for (const auto& r : runs[i].restarts)
       rows += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
                           "<td>{}</td></tr>\n",
-                          escape(run_label(runs, i)), r.generation, r.dead_rank, escape(r.reason),
-                          r.steps_reached, r.resumed_from_step, r.steps_redone,
+                          escape(run_label(runs, i)), r.generation,
+                          r.dead_rank >= 0 ? std::to_string(r.dead_rank) : "none yet (lost before ranks were assigned)",
+                          escape(r.reason), known(r.steps_reached), known(r.resumed_from_step), known(r.steps_redone),
                           r.recovery_s >= 0 ? fmt::format("{:.2f} s", r.recovery_s) : "not measured");
   if (rows.empty()) return "<p class=\"muted\">No restart.</p>\n";
   return "<table><tr><th>run</th><th>generation</th><th>lost rank</th><th>why</th><th>steps reached</th>"

@@ -293,8 +293,8 @@ RunRecord load_run(const std::string& folder_name) {
     for (const json& r : *restarts) {
       if (!r.is_object()) continue;
       run.restarts.push_back({int(integer(r, "generation")), int(std::clamp<int64_t>(integer(r, "dead_rank", -1), -1, kMaxRanks)),
-                              integer(r, "resumed_from_step"), integer(r, "steps_reached"),
-                              integer(r, "steps_redone"), number(r, "recovery_s", -1),
+                              integer(r, "resumed_from_step", -1), integer(r, "steps_reached", -1),
+                              integer(r, "steps_redone", -1), number(r, "recovery_s", -1),
                               text(r, "reason")});
     }
 

@@ -7,14 +7,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <mutex>
 #include <random>
+#include <sstream>
 
 #include "runtime/errors.h"
 #include "runtime/untrusted_json.h"
@@ -55,7 +57,10 @@ std::string utc_timestamp(std::time_t when) {
 }
 
 void write_file_atomically(const std::string& path, const std::string& contents) {
-  const std::string temp = path + ".tmp." + std::to_string(::getpid());
+  // One temporary per call: two threads of one process (a rank's training
+  // thread and its heartbeat, both ending the run) may write the same file.
+  static std::atomic<uint64_t> calls{0};
+  const std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(calls.fetch_add(1));
   // Any failure (a full disk shows at write, fsync or close) removes the
   // temporary and names the file that could not be written; the old file,
   // if any, stays as it was.
@@ -151,22 +156,55 @@ void RunFolder::create() const {
   if (error) throw RunError("cannot create run folder " + path_ + ": " + error.message());
 }
 
-void RunFolder::record_sudden_end(const std::string& reason) const noexcept {
-  try {
-    std::string why;
-    nlohmann::json manifest = parse_untrusted_json(read_text_file(file("manifest.json"), "manifest.json"), &why);
-    if (!manifest.is_object() || manifest.value("status", std::string()) != "running") return;
+namespace {
+
+// A sudden end (the coordinator lost) is recorded by the heartbeat's thread
+// while the training thread may still be unwinding and write its own
+// failure: the reason stays with the process, and every manifest written
+// after it carries it, whichever thread writes last.
+std::mutex sudden_end_mutex;
+std::string sudden_end_reason;  // guarded by sudden_end_mutex
+
+nlohmann::json with_sudden_end(nlohmann::json manifest, const std::string& reason) {
+  const auto status = manifest.find("status");
+  if (status == manifest.end() || !status->is_string() || *status == "running") {
     manifest["status"] = "failed";
     manifest["error"] = reason;
+  } else if (*status == "failed" && manifest.value("error", std::string()) != reason) {
+    // This rank's training failed first (most often a peer that left for
+    // the same reason): both are kept, the coordinator's loss beside it.
+    manifest["coordinator_lost"] = reason;
+  }
+  if (manifest.value("status", std::string()) == "failed" && !manifest.contains("finished_at"))
     manifest["finished_at"] = utc_timestamp();
-    write_manifest(manifest);
+  return manifest;
+}
+
+}  // namespace
+
+void RunFolder::record_sudden_end(const std::string& reason) const noexcept {
+  try {
+    {
+      std::lock_guard<std::mutex> lock(sudden_end_mutex);
+      sudden_end_reason = reason;
+    }
+    std::string why;
+    const nlohmann::json manifest =
+        parse_untrusted_json(read_text_file(file("manifest.json"), "manifest.json"), &why);
+    if (!manifest.is_object()) return;
+    const auto status = manifest.find("status");
+    if (status != manifest.end() && status->is_string() && *status != "running" && *status != "failed")
+      return;  // completed or stopped before the coordinator went
+    write_manifest(manifest);  // with the reason, as every write from now on
   } catch (const std::exception& e) {
     std::fprintf(stderr, "could not record the end in %s: %s\n", file("manifest.json").c_str(), e.what());
   }
 }
 
-void RunFolder::write_manifest(const nlohmann::json& manifest) const {
+void RunFolder::write_manifest(const nlohmann::json& given) const {
   const std::string path = file("manifest.json");
+  std::lock_guard<std::mutex> lock(sudden_end_mutex);
+  const nlohmann::json manifest = sudden_end_reason.empty() ? given : with_sudden_end(given, sudden_end_reason);
   try {
     write_file_atomically(path, manifest.dump(2) + "\n");
   } catch (const RunError& full) {

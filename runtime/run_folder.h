@@ -45,8 +45,9 @@ class RunFolder {
   void write_manifest(const nlohmann::json& manifest) const;
   // For a rank that must end at once (its coordinator is gone): a manifest
   // that still says "running" is rewritten as "failed" with `reason`, so
-  // that nothing goes on showing a dead job as running. Never throws: the
-  // process is on its way out and says so itself.
+  // that nothing goes on showing a dead job as running; one that says
+  // "failed" already keeps its error and gets `coordinator_lost` = reason.
+  // Never throws: the process is on its way out and says so itself.
   void record_sudden_end(const std::string& reason) const noexcept;
 
  private:

@@ -97,7 +97,6 @@ void HeartbeatLoop::on_audit(const nlohmann::json& summary) {
 
 void HeartbeatLoop::leave(const std::string& why) {
   spdlog::error("{}", why);
-  if (options_.before_exit) options_.before_exit(why);
   spdlog::default_logger()->flush();
   std::fflush(nullptr);
   std::_Exit(1);
@@ -152,11 +151,14 @@ void HeartbeatLoop::run() {
     } else {
       last_error = describe(status);
       double silent = std::chrono::duration<double>(Clock::now() - last_answer).count();
-      if (silent * 1000.0 > double(options_.timeout.count()))
-        leave("rank " + std::to_string(options_.rank) + ": lost the coordinator at " +
+      if (silent * 1000.0 > double(options_.timeout.count())) {
+        const std::string why = "rank " + std::to_string(options_.rank) + ": lost the coordinator at " +
               client_.address() + ": no answer for " + std::to_string(silent).substr(0, 4) +
               " s (fault.heartbeat_timeout_s = " + std::to_string(options_.timeout.count() / 1000.0).substr(0, 4) +
-              "; last error " + last_error + "); stopping this worker");
+              "; last error " + last_error + "); stopping this worker";
+        if (options_.on_coordinator_lost) options_.on_coordinator_lost(why);
+        leave(why);
+      }
     }
     lock.lock();
     wake_.wait_for(lock, options_.period, [&] { return stopping_; });

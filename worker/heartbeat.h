@@ -35,10 +35,10 @@ struct HeartbeatOptions {
   // Set by a signal handler (SIGUSR1 to this worker): this rank asks, like
   // STOP, that every rank stop after a step they agree on.
   const std::atomic<bool>* stop_signal = nullptr;
-  // Called with the reason just before this loop ends the process (ABORT,
-  // the coordinator lost, a blocked rejoin): rank 0 records the end in the
-  // run folder's manifest.
-  std::function<void(const std::string& why)> before_exit;
+  // Called with the reason just before this loop ends the process because
+  // the coordinator is lost (after ABORT the coordinator, alive, writes the
+  // manifest itself): rank 0 records the end in the run folder's manifest.
+  std::function<void(const std::string& why)> on_coordinator_lost;
 };
 
 class HeartbeatLoop : public RunObserver {

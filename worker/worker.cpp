@@ -3,9 +3,9 @@
 #include <unistd.h>
 
 #include <ctime>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -225,6 +225,12 @@ std::vector<Decision> check_model_on_data(const JobConfig& config, const ModelRe
     throw InputError("the dry run of one training step (forward and backward, precision " + precision + ") of " +
                      model->description() + " on a microbatch of shape " + c10::str(input.sizes()) + shape_words +
                      " fails: " + error_line(failed) + fixes);
+  // The built-in models' model-final.pt is TorchScript source compiled at
+  // the end: compiled here once, so that it cannot fail after training.
+  if (native_module(model))
+    if (const std::string failed = try_phase([&] { model->saved_bytes(); }); !failed.empty())
+      throw RunError(model->description() + " cannot be written as TorchScript (model-final.pt): " +
+                     error_line(failed) + "; this is a bug of lockstep's, please report it");
   if (const std::string failed = try_phase([&] { evaluation(bf16); }); !failed.empty()) {
     if (!bf16 || !try_phase([&] { evaluation(false); }).empty() || !eval_precision)
       throw InputError("the dry run of one evaluation forward (precision " + precision + ") of " +

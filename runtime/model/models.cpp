@@ -58,14 +58,14 @@ class Cnn : public NativeModule {
     return run("head", [&](const at::Tensor& t) { return head_->forward(t); }, dropout_->forward(x));
   }
   std::string torchscript_forward() const override {
-    std::ostringstream p;
-    p.precision(17);
-    p << dropout_->options.p();
+    // A float literal whatever the value: TorchScript reads "0" as an int.
+    std::string p = fmt::format("{:.17g}", dropout_->options.p());
+    if (p.find_first_of(".en") == std::string::npos) p += ".0";
     return "def forward(self, x):\n"
            "    x = torch.max_pool2d(torch.relu(torch.conv2d(x, self.conv1.weight, self.conv1.bias, [1, 1], [1, 1])), [2, 2])\n"
            "    x = torch.max_pool2d(torch.relu(torch.conv2d(x, self.conv2.weight, self.conv2.bias, [1, 1], [1, 1])), [2, 2])\n"
            "    x = torch.relu(torch.linear(torch.flatten(x, 1), self.fc.weight, self.fc.bias))\n"
-           "    x = torch.dropout(x, " + p.str() + ", self.training)\n"
+           "    x = torch.dropout(x, " + p + ", self.training)\n"
            "    return torch.linear(x, self.head.weight, self.head.bias)\n";
   }
 

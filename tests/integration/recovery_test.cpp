@@ -4,6 +4,7 @@
 // the run ends with the parameters of one that was never interrupted; a
 // second failure with fault.max_restarts = 1 ends the job, saying the budget
 // is spent.
+#include <fstream>
 #include <iostream>
 #include <random>
 #include <set>
@@ -79,6 +80,27 @@ TEST(Recovery, KilledWorkerCostsARestartNotTheRun) {
     EXPECT_EQ(w["back_from_generation"], w["rank"] == rank ? 0 : 1) << w.dump();
   std::cout << "recovery " << restart["recovery_s"].get<double>() << " s, "
             << restart["steps_redone"] << " steps redone" << std::endl;
+  // `lockstep status` on the finished run and its report show the real
+  // rank, steps redone and recovery time, never -1.
+  const std::string folder = single_run(broken.path() + "/runs");
+  auto status = run_lockstep({"status", folder}, broken.path(), 30);
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_NE(status.output.find("restart to generation 2: rank " + std::to_string(rank) + " lost; resumed from step " +
+                               std::to_string(step / 5 * 5) + ", " + restart["steps_redone"].dump() +
+                               " steps redone, recovery "),
+            std::string::npos)
+      << status.output;
+  EXPECT_EQ(status.output.find("-1"), std::string::npos) << status.output;
+  auto json_status = run_lockstep({"status", folder, "--json"}, broken.path(), 30);
+  const auto parsed = nlohmann::json::parse(json_status.output.substr(json_status.output.find('{')));
+  EXPECT_EQ(parsed["restarts"][0]["dead_rank"], rank) << parsed.dump(2);
+  EXPECT_EQ(parsed["restarts"][0]["steps_redone"], restart["steps_redone"]);
+  auto report = run_lockstep({"report", folder}, broken.path(), 60);
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  std::ifstream page(folder + "/report.html");
+  const std::string html((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
+  EXPECT_NE(html.find("<td>" + std::to_string(rank) + "</td>"), std::string::npos);
+  EXPECT_EQ(html.find("<td>-1</td>"), std::string::npos);
 }
 
 // A standalone `lockstep coordinator`: no launcher of its own. The lost rank
