@@ -327,6 +327,7 @@ CoordinatorServer::~CoordinatorServer() {
 }
 
 void CoordinatorServer::start() {
+  started_ = std::chrono::steady_clock::now();
   auto host = options_.listen.substr(0, options_.listen.rfind(':'));
   if (!options_.run_dir.empty()) {
     // The run folder exists from the start, with a marker whose contents
@@ -440,6 +441,9 @@ void CoordinatorServer::write_manifest() const {
     manifest["run_id"] = job_.run_id;
   }
   manifest["coordinator"] = state_->to_json();
+  // The whole job as its coordinator saw it (waiting for workers, restarts,
+  // training): a rank's own phases cover only its last generation.
+  manifest["job_wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   nlohmann::json restarts = manifest["coordinator"]["restarts"];
   if (!restarts.empty()) {
     add_recovery_costs(folder.path(), restarts);

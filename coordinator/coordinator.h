@@ -77,6 +77,7 @@ class CoordinatorServer {
   std::thread monitor_;
   std::atomic<bool> stopping_{false};
   int port_ = 0;
+  std::chrono::steady_clock::time_point started_{};  // start(): the job's wall time counts from here
 };
 
 // Fills each restart's recovery_s (its death to the end of the first step

@@ -224,12 +224,21 @@ std::string outcome_table(const std::vector<RunRecord>& runs) {
         run.total_steps > 0 ? fmt::format("{} of {} ({:.0f}%)", run.last_step, run.total_steps,
                                           100.0 * double(run.last_step) / double(run.total_steps))
                             : std::to_string(run.last_step);
+    // The job's own wall time where the coordinator recorded it, with the
+    // time restarts cost apart: waiting is not training.
+    double recovering = 0;
+    for (const auto& r : run.restarts) recovering += std::max(0.0, r.recovery_s);
+    std::string wall = fmt::format("{:.1f} s", run.job_wall_s >= 0 ? run.job_wall_s : run.wall_s);
+    if (run.job_wall_s >= 0 && !run.restarts.empty())
+      wall += fmt::format("<br><span class=\"muted\">{:.1f} s of it recovering from {} restart(s); rank 0's last "
+                          "generation {:.1f} s</span>",
+                          recovering, run.restarts.size(), run.wall_s);
     out += fmt::format("<tr><td>{}<br><code class=\"muted\">{}</code><br><span class=\"muted\">started {}"
                        "</span></td><td><span class=\"{}\">{}</span><br>{}</td><td>{}</td><td>{}</td>"
-                       "<td>{:.1f} s</td><td>{}</td><td>{}</td></tr>\n",
+                       "<td>{}</td><td>{}</td><td>{}</td></tr>\n",
                        escape(run_label(runs, i)), escape(run.folder), escape(run.started_at),
                        status_class(run.status), escape(run.status.empty() ? "unknown" : run.status),
-                       escape(run.ending), steps, run.world_size, run.wall_s, figures, run.restarts.size());
+                       escape(run.ending), steps, run.world_size, wall, figures, run.restarts.size());
   }
   out += "</table>\n";
   for (const auto& run : runs)

@@ -300,6 +300,7 @@ RunRecord load_run(const std::string& folder_name) {
 
   if (auto phases = manifest.find("phases"); phases != manifest.end() && phases->is_object())
     run.wall_s = number(*phases, "wall");
+  run.job_wall_s = number(manifest, "job_wall_s", -1);
   if (run.wall_s <= 0 && run.steps.size() > 1) {
     auto [first, last] = std::minmax_element(run.steps.begin(), run.steps.end(),
                                              [](const StepRow& a, const StepRow& b) { return a.time < b.time; });

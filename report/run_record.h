@@ -63,6 +63,7 @@ struct RunRecord {
   int64_t total_steps = 0;  // job.steps, or the steps epochs make (0 unknown)
   int64_t last_step = 0;    // the furthest step any rank's events reached
   double wall_s = 0;        // from the manifest's phases, else the events' first and last times
+  double job_wall_s = -1;   // the whole job as the coordinator saw it (-1: not recorded)
   std::map<std::string, std::string> settings;  // "optim.lr" -> "0.05"
   std::map<std::string, std::string> sources;   // "optim.lr" -> "--set"
   std::vector<StepRow> steps;                   // every rank, in file order

@@ -99,8 +99,13 @@ TEST(Recovery, KilledWorkerCostsARestartNotTheRun) {
   ASSERT_EQ(report.exit_code, 0) << report.output;
   std::ifstream page(folder + "/report.html");
   const std::string html((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
-  EXPECT_NE(html.find("<td>" + std::to_string(rank) + "</td>"), std::string::npos);
-  EXPECT_EQ(html.find("<td>-1</td>"), std::string::npos);
+  const size_t section = html.find("<h2 id=\"restarts\">");
+  ASSERT_NE(section, std::string::npos);
+  const std::string restarts = html.substr(section, html.find("</table>", section) - section);
+  EXPECT_NE(restarts.find("<td>" + std::to_string(rank) + "</td>"), std::string::npos) << restarts;
+  EXPECT_EQ(restarts.find("<td>-1</td>"), std::string::npos) << restarts;
+  EXPECT_NE(html.find("s of it recovering from 1 restart(s)"), std::string::npos);
+  EXPECT_GT(manifest["job_wall_s"].get<double>(), restart["recovery_s"].get<double>());
 }
 
 // A standalone `lockstep coordinator`: no launcher of its own. The lost rank

@@ -10,9 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -53,34 +55,38 @@ LockstepProcess::LockstepProcess(const std::vector<std::string>& args, const std
     throw std::runtime_error("cannot start lockstep");
   }
   output_fd_ = fds[0];
+  // Read all the time, not only when the test looks: a child whose pipe
+  // fills (64 KiB) blocks in its next write, and a rank blocked there leaves
+  // its peers waiting in a collective.
+  reader_ = std::thread([this] {
+    char buffer[65536];
+    while (!stop_reading_) {
+      pollfd p{output_fd_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      const ssize_t n = ::read(output_fd_, buffer, sizeof buffer);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      std::lock_guard<std::mutex> lock(mutex_);
+      output_.append(buffer, size_t(n));
+    }
+    ended_ = true;
+  });
 }
 
 LockstepProcess::~LockstepProcess() {
   kill_group();
   wait(10);
+  stop_reading_ = true;
+  if (reader_.joinable()) reader_.join();
   if (output_fd_ >= 0) ::close(output_fd_);
 }
 
 void LockstepProcess::drain(int timeout_ms) {
-  if (output_fd_ < 0) return;
-  pollfd p{output_fd_, POLLIN, 0};
-  if (::poll(&p, 1, timeout_ms) <= 0) return;
-  char buffer[65536];
-  ssize_t n = ::read(output_fd_, buffer, sizeof buffer);
-  if (n > 0) {
-    output_.append(buffer, size_t(n));
-  } else {
-    ::close(output_fd_);
-    output_fd_ = -1;
-  }
+  if (!ended_) std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
 }
 
-const std::string& LockstepProcess::output() {
-  for (int i = 0; i < 64 && output_fd_ >= 0; ++i) {
-    size_t before = output_.size();
-    drain(0);
-    if (output_.size() == before) break;
-  }
+std::string LockstepProcess::output() {
+  std::lock_guard<std::mutex> lock(mutex_);
   return output_;
 }
 
@@ -109,7 +115,7 @@ int LockstepProcess::wait(double timeout_s) {
     if (std::chrono::steady_clock::now() > deadline) return -1;
     drain(20);
   }
-  for (int i = 0; i < 100 && output_fd_ >= 0; ++i) drain(10);  // the rest of the output
+  for (int i = 0; i < 100 && !ended_; ++i) drain(10);  // the rest of the output
   return exit_code_;
 }
 

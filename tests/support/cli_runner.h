@@ -3,7 +3,10 @@
 // each run gets a hard timeout and is killed with its whole process group.
 #include <sys/types.h>
 
+#include <atomic>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -34,8 +37,9 @@ class LockstepProcess {
   LockstepProcess& operator=(const LockstepProcess&) = delete;
 
   pid_t pid() const { return pid_; }
-  // Everything printed so far (reads what is waiting, never blocks long).
-  const std::string& output();
+  // Everything printed so far (a thread reads the child's output as it
+  // comes, so a child never blocks on a full pipe).
+  std::string output();
   // Waits until the output contains `text`; false at the timeout.
   bool wait_for_output(const std::string& text, double timeout_s);
   // Waits for the exit; returns the exit code, 128 + signal, or -1 at the timeout.
@@ -45,10 +49,13 @@ class LockstepProcess {
   void kill_group();               // SIGKILL to its whole group
 
  private:
-  void drain(int timeout_ms);
+  void drain(int timeout_ms);  // waits up to timeout_ms for more output
   pid_t pid_ = -1;
   int output_fd_ = -1;
-  std::string output_;
+  std::thread reader_;
+  std::atomic<bool> stop_reading_{false}, ended_{false};
+  std::mutex mutex_;
+  std::string output_;  // guarded by mutex_
   bool exited_ = false;
   int exit_code_ = -1;
 };
