@@ -3,6 +3,8 @@
 what happened, as one JSON object on stdout:
 
   console        every console message the page caused (errors, CSP refusals)
+  browser_console  Chromium's own messages, from its chrome:// pages (a "slow
+                 network" notice of its new-tab page under load), which no page causes
   page_requests  every request that tried to leave the file
   browser_requests  the browser's own background requests (component updater,
                  clock), which no page causes
@@ -114,11 +116,14 @@ def main():
                                 url], port, os.path.join(work, "shot"))
             console += [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
     time.sleep(0.3)  # let the proxy record what arrived last
+    own_console = [line for line in console if "source: chrome://" in line]
+    console = [line for line in console if "source: chrome://" not in line]
     page = [r for r in seen if not BROWSER_OWN.search(host_of(r))]
     own = [r for r in seen if BROWSER_OWN.search(host_of(r))]
     body = re.sub(r"<style.*?</style>", " ", dom, flags=re.S)
     text = html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", body)))
-    print(json.dumps({"console": console, "page_requests": page, "browser_requests": own,
+    print(json.dumps({"console": console, "browser_console": own_console, "page_requests": page,
+                      "browser_requests": own,
                       "load_s": statistics.median(loads), "blank_s": statistics.median(blanks),
                       "loads_s": loads, "dom_bytes": len(dom), "text": text}))
 
