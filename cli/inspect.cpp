@@ -10,10 +10,10 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
-#include "runtime/config.h"
-#include "runtime/errors.h"
-#include "runtime/run_folder.h"
-#include "runtime/untrusted_json.h"
+#include "runtime/job/config.h"
+#include "runtime/base/errors.h"
+#include "runtime/run/run_folder.h"
+#include "runtime/base/untrusted_json.h"
 #include "worker/coordinator_client.h"
 
 namespace lockstep {

@@ -13,7 +13,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 extern char** environ;
 

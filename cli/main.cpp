@@ -5,7 +5,7 @@
 
 #include "cli/commands.h"
 #include "lockstep/build_config.h"
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 int main(int argc, char** argv) {
   using namespace lockstep;

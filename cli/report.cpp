@@ -8,8 +8,8 @@
 
 #include "cli/commands.h"
 #include "report/html_report.h"
-#include "runtime/errors.h"
-#include "runtime/run_folder.h"
+#include "runtime/base/errors.h"
+#include "runtime/run/run_folder.h"
 
 namespace lockstep {
 

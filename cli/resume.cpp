@@ -4,8 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
-#include "runtime/checkpoint_store.h"
-#include "runtime/errors.h"
+#include "runtime/checkpoint/checkpoint_store.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 

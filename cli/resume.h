@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 
 namespace lockstep {
 

@@ -13,9 +13,9 @@
 #include "coordinator/key_value_store.h"
 #include "lockstep/proto/health.grpc.pb.h"
 #include "lockstep/proto/lockstep.grpc.pb.h"
-#include "runtime/errors.h"
-#include "runtime/run_folder.h"
-#include "runtime/untrusted_json.h"
+#include "runtime/base/errors.h"
+#include "runtime/run/run_folder.h"
+#include "runtime/base/untrusted_json.h"
 
 namespace lockstep {
 namespace {

@@ -13,8 +13,8 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
-#include "runtime/errors.h"
-#include "runtime/run_folder.h"
+#include "runtime/base/errors.h"
+#include "runtime/run/run_folder.h"
 
 namespace lockstep {
 namespace {

@@ -34,7 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lockstep/proto/lockstep.pb.h"
-#include "runtime/run_folder.h"
+#include "runtime/run/run_folder.h"
 
 namespace lockstep {
 

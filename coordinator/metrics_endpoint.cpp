@@ -14,7 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 namespace {

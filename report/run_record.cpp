@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/errors.h"
-#include "runtime/untrusted_json.h"
+#include "runtime/base/errors.h"
+#include "runtime/base/untrusted_json.h"
 
 namespace lockstep::report {
 namespace {

@@ -5,8 +5,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "lockstep/proto/lockstep.grpc.pb.h"
-#include "runtime/errors.h"
-#include "runtime/run_folder.h"
+#include "runtime/base/errors.h"
+#include "runtime/run/run_folder.h"
 
 namespace lockstep {
 namespace {

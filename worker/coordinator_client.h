@@ -8,7 +8,7 @@
 #include <grpcpp/support/status.h>
 
 #include "lockstep/proto/lockstep.pb.h"
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 
 namespace grpc {
 class Channel;

@@ -5,7 +5,7 @@
 #include <grpcpp/support/status.h>
 
 #include "lockstep/proto/lockstep.pb.h"
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "worker/coordinator_client.h"
 
 namespace lockstep {

@@ -5,7 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "runtime/generation.h"
+#include "runtime/run/generation.h"
 
 namespace lockstep {
 

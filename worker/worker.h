@@ -6,7 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 #include "runtime/precision/machine.h"
 #include "runtime/model/models.h"
 #include "runtime/comm/rendezvous.h"

@@ -10,7 +10,7 @@
 
 #include "optim/optimizer.h"
 #include "runtime/model/digest.h"
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "runtime/model/model.h"
 
 namespace lockstep {

@@ -15,10 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 #include "runtime/comm/control_group.h"
 #include "runtime/model/digest.h"
-#include "runtime/run_folder.h"
+#include "runtime/run/run_folder.h"
 
 namespace lockstep::optim {
 class Optimizer;

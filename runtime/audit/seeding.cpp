@@ -7,7 +7,7 @@
 #include <torch/torch.h>
 
 #include "runtime/model/digest.h"
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "runtime/comm/control_group.h"
-#include "runtime/decisions.h"
+#include "runtime/run/decisions.h"
 #include "runtime/model/model.h"
 
 

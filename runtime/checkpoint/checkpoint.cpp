@@ -10,9 +10,9 @@
 
 #include "optim/optimizer.h"
 #include "runtime/comm/control_group.h"
-#include "runtime/decisions.h"
+#include "runtime/run/decisions.h"
 #include "runtime/model/digest.h"
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "runtime/model/model.h"
 
 namespace lockstep {

@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/checkpoint_store.h"
-#include "runtime/config.h"
+#include "runtime/checkpoint/checkpoint_store.h"
+#include "runtime/job/config.h"
 
 namespace lockstep {
 

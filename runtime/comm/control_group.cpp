@@ -4,8 +4,8 @@
 
 #include <torch/torch.h>
 
-#include "runtime/errors.h"
-#include "runtime/generation.h"
+#include "runtime/base/errors.h"
+#include "runtime/run/generation.h"
 
 namespace lockstep {
 namespace {

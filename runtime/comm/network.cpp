@@ -11,8 +11,8 @@
 #include <cstring>
 #include <sstream>
 
-#include "runtime/config.h"
-#include "runtime/errors.h"
+#include "runtime/job/config.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 namespace {

@@ -6,7 +6,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 

@@ -5,7 +5,7 @@
 #include <charconv>
 #include <cstdlib>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 namespace {

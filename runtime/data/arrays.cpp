@@ -6,7 +6,7 @@
 #include <torch/torch.h>
 
 #include "runtime/data/npy.h"
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 namespace {

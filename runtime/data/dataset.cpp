@@ -9,7 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "runtime/data/arrays.h"
 #include "runtime/data/images.h"
 #include "runtime/data/npy.h"

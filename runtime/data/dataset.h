@@ -13,7 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 
 namespace lockstep {
 

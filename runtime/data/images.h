@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 #include "runtime/data/dataset.h"
 
 namespace lockstep {

@@ -13,7 +13,7 @@
 #include <torch/torch.h>
 
 #include "runtime/data/npy_header.h"
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 namespace {

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <limits>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 namespace {

@@ -15,8 +15,8 @@
 #include <spdlog/spdlog.h>
 #include <xxhash.h>
 
-#include "runtime/run_folder.h"
-#include "runtime/untrusted_json.h"
+#include "runtime/run/run_folder.h"
+#include "runtime/base/untrusted_json.h"
 
 namespace lockstep {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <torch/torch.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "runtime/loss/intervals.h"
 #include "runtime/model/model.h"
 

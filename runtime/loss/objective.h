@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 #include "runtime/loss/masked_loss.h"
 
 namespace lockstep {

@@ -13,7 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "runtime/decisions.h"
+#include "runtime/run/decisions.h"
 
 namespace lockstep {
 

@@ -7,7 +7,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "runtime/model/scripted_model.h"
 
 namespace lockstep {

@@ -12,7 +12,7 @@
 
 #include <torch/nn/module.h>
 
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 #include "runtime/model/model.h"
 
 namespace lockstep {

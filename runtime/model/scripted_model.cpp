@@ -8,7 +8,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 namespace {

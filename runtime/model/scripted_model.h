@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 #include "runtime/model/model.h"
 
 namespace lockstep {

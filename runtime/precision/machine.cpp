@@ -16,7 +16,7 @@
 #include <torch/cuda.h>
 
 #include "lockstep/build_config.h"
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "runtime/precision/probe.h"
 
 namespace lockstep {

@@ -5,8 +5,8 @@
 // the build cannot give is an InputError, never a quiet fallback.
 #include <string>
 
-#include "runtime/config.h"
-#include "runtime/decisions.h"
+#include "runtime/job/config.h"
+#include "runtime/run/decisions.h"
 
 namespace lockstep {
 

@@ -24,9 +24,9 @@
 #if LOCKSTEP_HAS_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #endif
-#include "runtime/errors.h"
-#include "runtime/run_folder.h"
-#include "runtime/untrusted_json.h"
+#include "runtime/base/errors.h"
+#include "runtime/run/run_folder.h"
+#include "runtime/base/untrusted_json.h"
 
 extern char** environ;
 

@@ -11,7 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 #include "runtime/model/model.h"
 
 namespace lockstep {

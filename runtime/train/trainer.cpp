@@ -16,9 +16,9 @@
 #include "runtime/train/buffer_policy.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/augment.h"
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "runtime/train/fault_hooks.h"
-#include "runtime/generation.h"
+#include "runtime/run/generation.h"
 #include "runtime/loss/objective.h"
 #include "runtime/train/progress.h"
 #include "runtime/comm/reducer.h"
@@ -541,35 +541,6 @@ TrainingResult StepLoop::finish() {
 }
 
 }  // namespace
-
-std::string describe_metrics(const Objective& objective, const EvalResult& eval) {
-  // A figure with its 95% interval where one was computed: "accuracy 0.9170 [0.9115, 0.9222]".
-  auto with_interval = [&](const std::string& key, double value) {
-    const auto low = eval.metrics.find(key + "_ci95_low"), high = eval.metrics.find(key + "_ci95_high");
-    if (low == eval.metrics.end() || high == eval.metrics.end() || !low->is_number() || !high->is_number())
-      return fmt::format("{:.4f}", value);
-    return fmt::format("{:.4f} [{:.4f}, {:.4f}]", value, low->get<double>(), high->get<double>());
-  };
-  auto is_bound = [](const std::string& key) {
-    return key.size() > 10 && (key.compare(key.size() - 10, 10, "_ci95_high") == 0 ||
-                               key.compare(key.size() - 9, 9, "_ci95_low") == 0);
-  };
-  std::string text = fmt::format("test loss {} ({})", with_interval("loss", eval.loss), objective.name());
-  for (const auto& [key, value] : eval.metrics.items()) {
-    if (key == "loss" || key == "targets" || is_bound(key)) continue;
-    if (value.is_number()) {
-      text += fmt::format(", {} {}", key, with_interval(key, value.get<double>()));
-    } else if (value.is_array()) {
-      std::string items;
-      for (const auto& item : value)
-        items += (items.empty() ? "" : " ") + (item.is_number() ? fmt::format("{:.3f}", item.get<double>()) : item.dump());
-      text += ", " + key + " [" + items + "]";
-    }
-  }
-  if (auto n = eval.metrics.find("targets"); n != eval.metrics.end() && n->is_number_integer())
-    text += fmt::format(" (n = {}, 95% intervals)", n->get<int64_t>());
-  return text;
-}
 
 nlohmann::json TrainingResult::to_json() const {
   return {{"steps", steps},

@@ -12,13 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/audit/audit.h"
-#include "runtime/checkpoint_store.h"
+#include "runtime/checkpoint/checkpoint_store.h"
 #include "runtime/comm/control_group.h"
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 #include "runtime/data/batches.h"
-#include "runtime/decisions.h"
+#include "runtime/run/decisions.h"
 #include "runtime/model/model.h"
-#include "runtime/run_folder.h"
+#include "runtime/run/run_folder.h"
 #include "runtime/train/evaluate.h"
 #include "runtime/train/phase_timer.h"
 #include "runtime/train/run_observer.h"
@@ -76,8 +76,5 @@ int64_t total_steps(const JobConfig& config, int64_t batches_per_epoch);
 
 TrainingResult train(TrainerParts parts);
 
-class Objective;
-// "test loss 0.41 (cross_entropy), accuracy 0.85, top5_accuracy 0.99": for the log.
-std::string describe_metrics(const Objective& objective, const EvalResult& eval);
 
 }  // namespace lockstep

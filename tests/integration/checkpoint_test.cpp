@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "integration/jobs.h"
-#include "runtime/checkpoint_store.h"
+#include "runtime/checkpoint/checkpoint_store.h"
 
 namespace lockstep::testing {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "integration/jobs.h"
 #include "lockstep/build_config.h"
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 
 namespace lockstep::testing {
 namespace {

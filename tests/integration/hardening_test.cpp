@@ -19,7 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "integration/cluster.h"
-#include "runtime/checkpoint_store.h"
+#include "runtime/checkpoint/checkpoint_store.h"
 
 namespace lockstep::testing {
 namespace {
@@ -121,8 +121,8 @@ TEST(Hardening, TheStoreIsBehindTheTokenAndTheCoordinatorListensOnOnePort) {
       << ports.begin()->second;
 
   // 200 clients with a wrong token: refused, in a few log lines, and the job goes on.
-  const size_t lines_before = std::count(cluster.coordinator->output().begin(),
-                                         cluster.coordinator->output().end(), '\n');
+  const std::string output_before = cluster.coordinator->output();
+  const size_t lines_before = std::count(output_before.begin(), output_before.end(), '\n');
   for (int i = 0; i < 200; ++i) {
     v1::StatusReply status;
     auto client = cluster.client("wrong-token-number-" + std::to_string(i));

@@ -1,4 +1,4 @@
-#include "runtime/audit_report.h"
+#include "runtime/audit/audit_report.h"
 
 #include <filesystem>
 #include <fstream>

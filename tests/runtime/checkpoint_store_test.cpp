@@ -1,11 +1,11 @@
-#include "runtime/checkpoint_store.h"
+#include "runtime/checkpoint/checkpoint_store.h"
 
 #include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "support/shell.h"
 
 namespace lockstep {

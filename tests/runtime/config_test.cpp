@@ -1,4 +1,4 @@
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 
 #include <filesystem>
 #include <fstream>
@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "support/thread_world.h"
 
 namespace lockstep {

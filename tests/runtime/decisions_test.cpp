@@ -9,7 +9,7 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
-#include "runtime/decisions.h"
+#include "runtime/run/decisions.h"
 
 namespace lockstep {
 namespace {

@@ -10,7 +10,7 @@
 #include <torch/torch.h>
 
 #include "runtime/data/dataset.h"
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "support/shell.h"
 
 namespace lockstep {

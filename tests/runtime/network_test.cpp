@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/config.h"
-#include "runtime/errors.h"
+#include "runtime/job/config.h"
+#include "runtime/base/errors.h"
 #include "runtime/precision/machine.h"
 
 namespace lockstep {

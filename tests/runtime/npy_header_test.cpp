@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 namespace {

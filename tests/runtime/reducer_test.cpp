@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 #include "support/thread_world.h"
 
 namespace lockstep {

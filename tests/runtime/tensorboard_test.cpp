@@ -1,7 +1,7 @@
 // TensorBoard files: the record checksum is CRC-32C (Castagnoli), not zlib's
 // CRC-32; and every kind of event a rank writes becomes the scalars its
 // contract names, read back by the independent reader (tests/python/tb_reader.py).
-#include "runtime/tensorboard.h"
+#include "runtime/run/tensorboard.h"
 
 #include <filesystem>
 #include <map>

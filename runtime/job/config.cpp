@@ -1,4 +1,4 @@
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 
 #include "lockstep/build_config.h"
 
@@ -17,7 +17,7 @@
 #include <spdlog/spdlog.h>
 #include <toml++/toml.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 namespace {

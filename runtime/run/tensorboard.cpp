@@ -1,4 +1,4 @@
-#include "runtime/tensorboard.h"
+#include "runtime/run/tensorboard.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 namespace {

@@ -1,4 +1,4 @@
-#include "runtime/untrusted_json.h"
+#include "runtime/base/untrusted_json.h"
 
 #include <iterator>
 

@@ -7,7 +7,7 @@
 // One generation at a time per process.
 #include <string>
 
-#include "runtime/errors.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 

@@ -1,6 +1,6 @@
-#include "runtime/run_folder.h"
+#include "runtime/run/run_folder.h"
 
-#include "runtime/tensorboard.h"
+#include "runtime/run/tensorboard.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -18,8 +18,8 @@
 #include <random>
 #include <sstream>
 
-#include "runtime/errors.h"
-#include "runtime/untrusted_json.h"
+#include "runtime/base/errors.h"
+#include "runtime/base/untrusted_json.h"
 
 namespace lockstep {
 

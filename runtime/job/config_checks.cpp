@@ -5,8 +5,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "runtime/config.h"
-#include "runtime/errors.h"
+#include "runtime/job/config.h"
+#include "runtime/base/errors.h"
 
 namespace lockstep {
 

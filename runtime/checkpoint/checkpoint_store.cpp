@@ -1,4 +1,4 @@
-#include "runtime/checkpoint_store.h"
+#include "runtime/checkpoint/checkpoint_store.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -8,9 +8,9 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
-#include "runtime/errors.h"
-#include "runtime/run_folder.h"
-#include "runtime/untrusted_json.h"
+#include "runtime/base/errors.h"
+#include "runtime/run/run_folder.h"
+#include "runtime/base/untrusted_json.h"
 
 namespace lockstep {
 

@@ -1,4 +1,4 @@
-#include "runtime/decisions.h"
+#include "runtime/run/decisions.h"
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>

@@ -1,4 +1,4 @@
-#include "runtime/generation.h"
+#include "runtime/run/generation.h"
 
 #include <atomic>
 #include <mutex>

@@ -1,4 +1,4 @@
-#include "runtime/audit_report.h"
+#include "runtime/audit/audit_report.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -7,7 +7,7 @@
 #include <set>
 #include <sys/stat.h>
 
-#include "runtime/untrusted_json.h"
+#include "runtime/base/untrusted_json.h"
 
 namespace lockstep {
 namespace {

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/config.h"
+#include "runtime/job/config.h"
 
 namespace lockstep {
 

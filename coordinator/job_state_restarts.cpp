@@ -1,0 +1,113 @@
+// JobState's restart policy: what a lost rank costs (a restart from the
+// newest checkpoint while fault.max_restarts allows, else the job), how a
+// lost rank is found (a process that ended, a heartbeat that stopped).
+#include "coordinator/job_state.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/run/run_folder.h"
+
+namespace lockstep {
+
+void JobState::restart_or_fail_locked(const std::string& reason, int dead_rank) {
+  if (ended_locked()) return;
+  if (int(restarts_.size()) >= options_.max_restarts) {
+    fail_locked(options_.max_restarts == 0
+                    ? reason
+                    : reason + "; the restart budget is spent (fault.max_restarts = " +
+                          std::to_string(options_.max_restarts) + ")");
+    return;
+  }
+  int64_t last_step = 0;
+  for (const auto& w : workers_) last_step = std::max(last_step, w.step);
+  const bool was_running = state_ == State::kRunning;
+  if (was_running) {  // the generation ends; its processes may come back
+    earlier_generations_.push_back({{"generation", generation_}, {"workers", workers_json_locked()}});
+    // Their ends are expected now: each gets a replacement, none counts as
+    // another failure (the dead one's included: declared dead by silence,
+    // its process may end only later).
+    for (const auto& w : workers_) earlier_pids_.insert(w.pid);
+    workers_.clear();
+    ++generation_;
+    state_ = State::kWaiting;
+  }
+  waiting_since_ = Clock::now();
+  restarts_.push_back(
+      {{"generation", generation_},
+       {"reason", reason},
+       {"dead_rank", dead_rank},
+       {"died_at", utc_timestamp()},
+       {"died_unix_s",
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
+       {"last_step_reported", last_step},
+       {"during", was_running ? "training" : "the rendezvous"}});
+  const int left = options_.max_restarts - int(restarts_.size());
+  spdlog::warn("Decision: restart = generation {} ({}; fault.max_restarts = {}, {} left after this "
+               "one; live ranks rejoin from their processes, lost ones are replaced, and every rank "
+               "continues from the newest complete checkpoint)",
+               generation_, reason, options_.max_restarts, left);
+  changed_.notify_all();
+}
+
+bool JobState::process_ended(int pid, const std::string& what, bool bad_input) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (ended_locked()) return false;
+  auto w = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& x) { return x.pid == pid; });
+  std::string reason;
+  int rank = -1;
+  if (w == workers_.end()) {
+    // A process of a restarted generation that could not rejoin: replace it,
+    // that restart is counted already.
+    if (earlier_pids_.erase(pid)) return true;
+    reason = "a worker process (pid " + std::to_string(pid) + ") " + what + " before it joined";
+  } else {
+    if (w->state == "finished") return false;
+    reason = (w->rank >= 0 ? "rank " + std::to_string(w->rank) : "a joined worker") + " (" +
+             w->host + " pid " + std::to_string(pid) + ") " + what;
+    if (state_ == State::kWaiting) {
+      workers_.erase(w);  // still forming: the replacement takes its place
+    } else {
+      rank = w->rank;
+      w->state = "dead";
+      spdlog::error("coordinator: {} at step {}", reason, w->step);
+    }
+  }
+  if (bad_input) fail_locked(reason + ": bad input, a restart would fail the same way");
+  else restart_or_fail_locked(reason, rank);
+  return state_ != State::kFailed;
+}
+
+void JobState::check_liveness() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  if (rendezvous_expired_locked(now)) {
+    fail_locked("rendezvous timed out after " +
+                std::to_string(options_.rendezvous_timeout.count() / 1000.0).substr(0, 5) +
+                " s: " + who_joined_locked());
+    return;
+  }
+  if (state_ != State::kRunning && state_ != State::kFailed) return;
+  for (auto& w : workers_) {
+    if (w.state != "running" || state_ == State::kWaiting) continue;
+    double silent = seconds_between(w.last_heartbeat, now);
+    if (silent * 1000.0 <= double(options_.heartbeat_timeout.count())) continue;
+    w.state = "dead";
+    spdlog::error("coordinator: rank {} ({} pid {}) declared dead: no heartbeat for {:.1f} s "
+                  "(fault.heartbeat_timeout_s = {:g}), last step {}",
+                  w.rank, w.host, w.pid, silent, options_.heartbeat_timeout.count() / 1000.0, w.step);
+    const std::string reason = "rank " + std::to_string(w.rank) + " (" + w.host + " pid " +
+                               std::to_string(w.pid) + ") is dead: no heartbeat for " +
+                               std::to_string(silent).substr(0, 4) + " s, last step " +
+                               std::to_string(w.step);
+    if (options_.on_rank_declared_dead) options_.on_rank_declared_dead(w.pid);
+    if (state_ == State::kRunning) {
+      restart_or_fail_locked(reason, w.rank);  // may end this generation: workers_ is cleared
+      return;
+    }
+    fail_locked(reason);
+  }
+}
+
+}  // namespace lockstep
