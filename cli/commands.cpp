@@ -34,6 +34,7 @@
 #include "runtime/run/run_folder.h"
 #include "worker/coordinator_rendezvous.h"
 #include "worker/heartbeat.h"
+#include "runtime/startup/model_checks.h"
 #include "worker/worker.h"
 
 namespace lockstep {
@@ -101,20 +102,6 @@ std::unique_ptr<MetricsEndpoint> serve_metrics(const std::string& address, Coord
   });
 }
 
-int env_int(const char* name, int fallback) {
-  const char* text = std::getenv(name);
-  if (!text || !*text) return fallback;
-  try {
-    size_t used = 0;
-    const int value = std::stoi(text, &used);
-    if (used != std::strlen(text)) throw std::invalid_argument("trailing characters");
-    return value;
-  } catch (const std::exception&) {
-    throw InputError("environment variable " + std::string(name) + " = '" + text +
-                     "' must be an integer");
-  }
-}
-
 JobStateOptions job_options(const JobConfig& config, const std::string& run_id) {
   JobStateOptions job;
   job.run_id = run_id;
@@ -147,26 +134,6 @@ JobConfig checked_job(const std::string& job_file, const std::vector<std::string
 }
 
 // What a worker takes from its own host's environment.
-void read_host_settings(WorkerOptions& options) {
-  options.cpu = CpuBudget::of_this_process();
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) options.gloo_socket_ifname = ifname;
-}
-
-int torchrun_worker(const std::string& job_file, const std::vector<std::string>& overrides,
-                    std::chrono::steady_clock::time_point start) {
-  if (job_file.empty())
-    throw InputError("lockstep worker needs --coordinator HOST:PORT, or a job file when the "
-                     "rank comes from torchrun's variables (RANK, WORLD_SIZE, ...)");
-  JobConfig config = load_job_config(job_file, overrides);
-  TorchrunRendezvous rendezvous(TorchrunEnv::from_environment());
-  WorkerOptions options;
-  options.process_start = start;
-  options.terminal = ::isatty(STDOUT_FILENO);
-  read_host_settings(options);
-  run_worker(config, rendezvous, ModelRegistry::with_builtins(), options);
-  return 0;
-}
-
 }  // namespace
 
 int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc,
@@ -332,212 +299,6 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
     }
   }).detach();
   return coordinator.wait();
-}
-
-namespace {
-
-std::atomic<bool> usr1_received{false};  // lock-free: safe to set in a signal handler
-static_assert(std::atomic<bool>::is_always_lock_free);
-
-// Join, retried with backoff while the coordinator cannot be reached (it
-// may start after its workers, as srun and Kubernetes start processes in
-// any order), for at most --rendezvous-timeout. Says once that it waits.
-grpc::Status join_when_reachable(CoordinatorClient& client, const ConnectionFlags& connection,
-                                 const v1::JoinRequest& request, v1::JoinReply* reply) {
-  const auto start = std::chrono::steady_clock::now();
-  const auto limit = to_ms(connection.rendezvous_timeout_s);
-  auto pause = milliseconds(100);
-  for (bool told = false;;) {
-    grpc::Status joined = client.join(request, reply, std::chrono::minutes(30));
-    if (joined.error_code() != grpc::StatusCode::UNAVAILABLE) return joined;
-    const auto waited = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
-    if (waited >= limit)
-      throw RunError("the coordinator at " + connection.coordinator + " could not be reached for " +
-                     fmt::format("{:g}", connection.rendezvous_timeout_s) +
-                     " s (--rendezvous-timeout): " + describe(joined) +
-                     "; is it running, and is that its address and port?");
-    if (!told) {
-      spdlog::info("waiting for the coordinator at {} ({}); retrying for up to {:g} s",
-                   connection.coordinator, describe(joined), connection.rendezvous_timeout_s);
-      told = true;
-    }
-    std::this_thread::sleep_for(std::min(pause, limit - waited));
-    pause = std::min(pause * 2, milliseconds(250));  // with the channel's 500 ms backoff: joined within 1 s
-  }
-}
-
-// A host that does not share the coordinator's run folder (its marker reads
-// differently here, or not at all) sends this rank's files there, so that
-// the coordinator's folder holds the whole run: manifest, evidence, events.
-// Gives up at the first file the coordinator does not take within `deadline`.
-void send_run_files(CoordinatorClient& client, const v1::JoinReply& reply, const JobConfig& config,
-                    milliseconds deadline) {
-  const RunFolder folder(config.job.run_dir, reply.run_id());
-  std::ifstream marker(folder.file(".coordinator"));
-  std::string seen((std::istreambuf_iterator<char>(marker)), std::istreambuf_iterator<char>());
-  if (seen == reply.folder_marker()) return;  // one folder: nothing to send
-  std::vector<std::string> names = {"events-rank" + std::to_string(reply.rank()) + ".jsonl",
-                                    "audit-rank" + std::to_string(reply.rank()) + ".jsonl"};
-  if (reply.rank() == 0) names.insert(names.end(), {"manifest.json", "model-final.pt"});
-  // TensorBoard's files too, so that `tensorboard --logdir` and `lockstep
-  // report` on the coordinator's folder see every rank.
-  const std::string board = "tensorboard/rank" + std::to_string(reply.rank());
-  std::error_code listing;
-  for (const auto& entry : std::filesystem::directory_iterator(folder.file(board), listing))
-    if (entry.is_regular_file() && entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
-      names.push_back(board + "/" + entry.path().filename().string());
-  std::string sent;
-  for (const auto& name : names) {
-    if (!std::filesystem::exists(folder.file(name))) continue;
-    grpc::Status status = client.put_file(reply.run_id(), reply.rank(), name, folder.file(name), deadline);
-    if (!status.ok()) {
-      spdlog::warn("could not send {} to the coordinator ({}); it and the rest stay in {}", name,
-                   describe(status), folder.path());
-      break;
-    }
-    sent += (sent.empty() ? "" : ", ") + name;
-  }
-  spdlog::info("Decision: run_files = sent to the coordinator ({}) (this host does not share the "
-               "coordinator's run folder: {} has no matching .coordinator marker; the files stay "
-               "here too)", sent.empty() ? "none" : sent, folder.path());
-}
-
-// One generation of a coordinated worker: joins, trains, reports. Returns
-// the generation when the coordinator ended it and the job restarts (the
-// caller joins again from this process), 0 when this rank finished (or
-// stopped on request: it did what it was asked, so that srun
-// --kill-on-bad-exit leaves its peers alone; the job's status, stopped, is
-// the coordinator's exit code).
-int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& connection,
-                           int64_t previous_generation, std::chrono::steady_clock::time_point start) {
-  v1::JoinRequest request;
-  request.set_api_version("lockstep.v1");
-  request.set_hostname(host_name());
-  request.set_local_rank(env_int("LOCAL_RANK", -1));
-  request.set_pid(::getpid());
-  request.set_previous_generation(previous_generation);
-  if (std::getenv("RANK")) request.set_claimed_rank(env_int("RANK", 0));
-  v1::JoinReply reply;
-  grpc::Status joined = join_when_reachable(client, connection, request, &reply);
-  if (!joined.ok()) {
-    auto code = joined.error_code();
-    std::string message = "the coordinator at " + connection.coordinator + " did not let this "
-                          "worker join: " + describe(joined);
-    if (code == grpc::StatusCode::UNAUTHENTICATED || code == grpc::StatusCode::FAILED_PRECONDITION ||
-        code == grpc::StatusCode::NOT_FOUND || code == grpc::StatusCode::RESOURCE_EXHAUSTED)
-      throw InputError(message);
-    throw RunError(message);
-  }
-  start_new_generation();
-  // The generation, as torchrun tells its workers (and for test.fail_generations).
-  const std::string restart_count = std::to_string(reply.generation() - 1);
-  ::setenv("TORCHELASTIC_RESTART_COUNT", restart_count.c_str(), 1);
-  ::setenv("LOCKSTEP_RESTART_COUNT", restart_count.c_str(), 1);
-  JobConfig config = config_from_join(reply);
-  spdlog::info("joined run {} as rank {} of {} (generation {}{}) through {}", reply.run_id(),
-               reply.rank(), reply.world_size(), reply.generation(),
-               previous_generation > 0 ? ", the same process as in generation " +
-                                             std::to_string(previous_generation)
-                                       : "",
-               connection.coordinator);
-
-  HeartbeatOptions beat{reply.run_id(), reply.rank(), reply.generation(), to_ms(config.fault.heartbeat_s),
-                        to_ms(config.fault.heartbeat_timeout_s), to_ms(config.comm.collective_timeout_s + 10),
-                        &usr1_received};
-  if (reply.rank() == 0) {  // the manifest's writer: a dead job must not go on saying "running"
-    const RunFolder folder(config.job.run_dir, reply.run_id());
-    beat.on_coordinator_lost = [folder](const std::string& why) { folder.record_sudden_end(why); };
-  }
-  HeartbeatLoop heartbeat(client, beat);
-  CoordinatorRendezvous rendezvous(reply, client);
-  WorkerOptions options;
-  options.process_start = start;
-  const char* terminal = std::getenv("LOCKSTEP_TERMINAL");
-  options.terminal = terminal ? std::string(terminal) == "1" : ::isatty(STDOUT_FILENO);
-  options.observer = &heartbeat;
-  options.restarted = reply.resume();
-  options.generation = reply.generation();
-  read_host_settings(options);
-
-  v1::ReportRequest report;
-  report.set_run_id(reply.run_id());
-  report.set_rank(reply.rank());
-  report.set_generation(reply.generation());
-  try {
-    WorkerSummary summary = run_worker(config, rendezvous, ModelRegistry::with_builtins(), options);
-    heartbeat.stop();
-    send_run_files(client, reply, config, milliseconds(30000));
-    report.set_success(true);
-    report.set_stopped_at_step(summary.metrics.value("stopped_at_step", int64_t(0)));
-    report.set_metrics_json(summary.metrics.dump());
-    report.set_decisions_json(summary.decisions.dump());
-  } catch (const GenerationEnded& e) {
-    spdlog::warn("rank {}: {}; joining the next generation", reply.rank(), e.what());
-    heartbeat.stop();
-    return reply.generation();
-  } catch (const std::exception& e) {
-    const bool peer_may_be_lost = dynamic_cast<const BarrierTimeout*>(&e) ||
-                                  !(dynamic_cast<const RunError*>(&e) || dynamic_cast<const InputError*>(&e));
-    if (peer_may_be_lost) {
-      // A LibTorch or Gloo error, or a barrier a peer never reached: most
-      // often a peer that vanished. The coordinator decides: REJOIN (the job
-      // restarts) or ABORT (ends this process naming the dead rank).
-      spdlog::warn("rank {}: {}; waiting up to {:g} s for the coordinator's verdict on the peers",
-                   reply.rank(), e.what(), config.fault.heartbeat_timeout_s + 2);
-      if (heartbeat.wait_for_generation_end(to_ms(config.fault.heartbeat_timeout_s + 2))) {
-        heartbeat.stop();
-        spdlog::warn("rank {}: joining the next generation", reply.rank());
-        return reply.generation();
-      }
-    }
-    heartbeat.stop();
-    send_run_files(client, reply, config, milliseconds(2000));
-    report.set_success(false);
-    report.set_peer_may_be_lost(peer_may_be_lost);
-    // A model's failure: its line, then the whole message, which the
-    // coordinator prints once for the job (bounded, as gRPC fields are).
-    if (const auto* model_failure = dynamic_cast<const ModelFailure*>(&e))
-      report.set_error(std::string(e.what()) + "\n" + model_failure->detail().substr(0, 16000));
-    else
-      report.set_error(e.what());
-    if (auto sent = client.report(report, milliseconds(10000)); !sent.ok())
-      spdlog::warn("could not report the failure to the coordinator: {}", describe(sent));
-    throw;
-  }
-  if (auto sent = client.report(report, milliseconds(10000)); !sent.ok())
-    spdlog::warn("could not report to the coordinator: {}", describe(sent));
-  return 0;
-}
-
-}  // namespace
-
-int worker_command(const std::string& job_file, const std::vector<std::string>& overrides,
-                   const ConnectionFlags& connection, std::chrono::steady_clock::time_point start) {
-  if (connection.coordinator.empty()) return torchrun_worker(job_file, overrides, start);
-  if (!job_file.empty() || !overrides.empty())
-    throw InputError("with --coordinator the job comes from the coordinator: drop the job file "
-                     "and --set");
-  // The host's settings are bad input before anything is dialled.
-  for (const char* name : {"RANK", "LOCAL_RANK"})
-    if (env_int(name, 0) < 0)
-      throw InputError("environment variable " + std::string(name) + " = '" + std::getenv(name) +
-                       "' must be 0 or more");
-  check_connection(connection);
-  CoordinatorClient client({connection.coordinator, resolve_token(connection.token_file),
-                            connection.tls_ca});
-  // SIGUSR1 (Slurm's --signal=USR1@T, sent to the tasks): every rank stops
-  // after a step they agree on, with a checkpoint there.
-  struct sigaction action {};
-  action.sa_handler = [](int) { usr1_received = true; };
-  action.sa_flags = SA_RESTART;
-  sigemptyset(&action.sa_mask);
-  ::sigaction(SIGUSR1, &action, nullptr);
-  // Generation after generation while the coordinator restarts the job.
-  for (int64_t previous = 0;;) {
-    previous = run_one_generation(client, connection, previous, start);
-    if (previous == 0) return 0;
-    start = std::chrono::steady_clock::now();
-  }
 }
 
 int probe_command(const std::string& candidate, bool force, bool json) {

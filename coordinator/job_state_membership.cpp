@@ -1,0 +1,212 @@
+// JobState's membership: who joins, in which order each gets its rank,
+// when a generation starts (the rendezvous), and what a replacement that
+// names its slot means for a running job.
+#include "coordinator/job_state.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/run/run_folder.h"
+
+namespace lockstep {
+namespace {
+
+constexpr const char* kApiVersion = "lockstep.v1";  // what a worker's Join must speak
+
+}  // namespace
+
+void JobState::assign_ranks_locked() {
+  std::vector<Worker*> order;
+  for (auto& w : workers_) order.push_back(&w);
+  // Stable order: host name, then local rank, then join order.
+  std::sort(order.begin(), order.end(), [](const Worker* a, const Worker* b) {
+    if (a->host != b->host) return a->host < b->host;
+    if (a->local_rank != b->local_rank) return a->local_rank < b->local_rank;
+    return a->join_order < b->join_order;
+  });
+  std::vector<bool> taken(size_t(options_.world_size), false);
+  for (auto* w : order)
+    if (w->rank >= 0) taken[size_t(w->rank)] = true;  // claims were checked at join
+  size_t next = 0;
+  std::string placed, claims;
+  for (size_t i = 0; i < order.size(); ++i) {
+    Worker* w = order[i];
+    const bool claimed = w->rank >= 0;
+    if (!claimed) {
+      while (taken[next]) ++next;
+      w->rank = int(next);
+      taken[next] = true;
+    } else {
+      claims += (claims.empty() ? "" : ", ") + std::to_string(w->rank);
+    }
+    if (i < 16)  // one line for the job, however many ranks
+      placed += fmt::format("{}rank {} = {}:{} pid {}", placed.empty() ? "" : ", ", w->rank, w->host, w->local_rank,
+                            w->pid);
+    else if (i == 16)
+      placed += fmt::format(", ... ({} more)", order.size() - 16);
+  }
+  spdlog::info("Decision: ranks = {} (sorted by host name, local rank, join order{})", placed,
+               claims.empty() ? "" : "; claimed by the worker (RANK): " + claims);
+  for (auto& w : workers_) {
+    w.local_world_size = 0;
+    w.local_index = 0;
+    for (const auto& other : workers_) {
+      if (other.host != w.host) continue;
+      ++w.local_world_size;
+      if (other.rank < w.rank) ++w.local_index;
+    }
+  }
+}
+
+grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& peer,
+                            Clock::time_point give_up, v1::JoinReply* reply,
+                            const std::function<bool()>& caller_gone) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (request.api_version() != kApiVersion)
+    return {grpc::StatusCode::FAILED_PRECONDITION,
+            "this coordinator speaks " + std::string(kApiVersion) + ", the worker " +
+                (request.api_version().empty() ? "no version" : request.api_version()) +
+                "; run the same lockstep version on both"};
+  if (!request.run_id().empty() && request.run_id() != options_.run_id)
+    return {grpc::StatusCode::NOT_FOUND,
+            "unknown run id '" + request.run_id() + "': this coordinator runs '" +
+                options_.run_id + "'"};
+  if (state_ == State::kRunning && int(restarts_.size()) < options_.max_restarts) {
+    // A replacement, started by a supervisor that saw a worker die. When it
+    // names its slot (LOCAL_RANK) and that slot's rank is still listed as
+    // running, the old process is gone: restart now rather than after the
+    // heartbeat timeout. Otherwise it waits for the restart.
+    auto same_slot = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& w) {
+      return request.local_rank() >= 0 && w.host == request.hostname() &&
+             w.local_rank == request.local_rank() && w.state == "running";
+    });
+    if (same_slot != workers_.end()) {
+      same_slot->state = "dead";
+      restart_or_fail_locked("rank " + std::to_string(same_slot->rank) + " (" + same_slot->host +
+                                 " pid " + std::to_string(same_slot->pid) + ") was replaced: " +
+                                 "pid " + std::to_string(request.pid()) + " joined for its slot " +
+                                 "(local rank " + std::to_string(request.local_rank()) + ")",
+                             same_slot->rank);
+    } else {
+      spdlog::info("coordinator: {} pid {} arrived while generation {} runs: it waits as a "
+                   "replacement for the next generation", request.hostname(), request.pid(),
+                   generation_);
+      changed_.wait_until(lock, give_up, [&] { return state_ != State::kRunning; });
+    }
+  }
+  if (ended_locked())
+    return {grpc::StatusCode::ABORTED, "job " + options_.run_id + " has ended (" +
+                                           state_name(state_) + "): nothing to join"};
+  if (state_ != State::kWaiting || int(workers_.size()) >= options_.world_size)
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            "job " + options_.run_id + " is full: " + std::to_string(workers_.size()) + " of " +
+                std::to_string(options_.world_size) + " workers joined, state " +
+                state_name(state_)};
+  if (request.has_claimed_rank()) {
+    int claim = request.claimed_rank();
+    if (claim < 0 || claim >= options_.world_size)
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              "claimed rank " + std::to_string(claim) + " is outside 0.." +
+                  std::to_string(options_.world_size - 1)};
+    for (const auto& w : workers_)
+      if (w.rank == claim)
+        return {grpc::StatusCode::FAILED_PRECONDITION,
+                "rank " + std::to_string(claim) + " is already claimed by " + w.host + " pid " +
+                    std::to_string(w.pid)};
+  }
+  if (request.local_rank() >= 0)
+    for (const auto& w : workers_)
+      if (w.host == request.hostname() && w.local_rank == request.local_rank())
+        return {grpc::StatusCode::FAILED_PRECONDITION,
+                "host " + w.host + " local rank " + std::to_string(w.local_rank) +
+                    " already joined (pid " + std::to_string(w.pid) + ")"};
+
+  Worker worker;
+  worker.host = request.hostname();
+  worker.local_rank = request.local_rank();
+  worker.pid = request.pid();
+  worker.peer = peer;
+  worker.join_order = joins_++;
+  worker.joined_at = utc_timestamp();
+  worker.rank = request.has_claimed_rank() ? request.claimed_rank() : -1;
+  worker.previous_generation = request.previous_generation();
+  workers_.push_back(worker);
+  const int join_order = worker.join_order;
+  spdlog::info("coordinator: join {} of {}{}: {} local rank {} pid {} from {}{}", workers_.size(),
+               options_.world_size, generation_ > options_.generation
+                   ? " for generation " + std::to_string(generation_) : "",
+               worker.host, worker.local_rank, worker.pid, peer,
+               worker.previous_generation > 0
+                   ? " (the same process, back from generation " +
+                         std::to_string(worker.previous_generation) + ")"
+                   : "");
+
+  if (int(workers_.size()) == options_.world_size) {
+    assign_ranks_locked();
+    state_ = State::kRunning;
+    for (auto& w : workers_) {
+      w.state = "running";
+      w.last_heartbeat = Clock::now();  // the clock starts at the rendezvous
+    }
+    spdlog::info("coordinator: all {} workers joined; generation {} of run {} starts",
+                 options_.world_size, generation_, options_.run_id);
+    changed_.notify_all();
+  }
+  // This join's generation: a restart during the wait (a waiting worker's
+  // process ended) keeps it; only running or ending releases the wait.
+  const int64_t joined_generation = generation_;
+  const auto wait_end = std::min(give_up, waiting_since_ + options_.rendezvous_timeout);
+  auto started = [&] { return state_ != State::kWaiting || rendezvous_expired_locked(Clock::now()); };
+  // In slices, so that a caller that went away (a worker killed while it
+  // waited) is noticed and its slot freed before the job starts without it.
+  bool gone = false;
+  while (!started() && Clock::now() < wait_end) {
+    changed_.wait_until(lock, std::min(wait_end, Clock::now() + std::chrono::milliseconds(100)), started);
+    if (!started() && caller_gone && caller_gone()) {
+      gone = true;
+      break;
+    }
+  }
+  auto mine = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& w) {
+    return w.join_order == join_order;
+  });
+  if (state_ == State::kWaiting) {
+    if (rendezvous_expired_locked(Clock::now())) {
+      fail_locked("rendezvous timed out after " +
+                  std::to_string(options_.rendezvous_timeout.count() / 1000.0).substr(0, 5) +
+                  " s: " + who_joined_locked());
+    } else {  // this caller gave up or went away: take it off the list
+      if (mine != workers_.end()) {
+        spdlog::warn("coordinator: {} pid {} {} before the job started: its place is free again "
+                     "({} of {} joined)", mine->host, mine->pid,
+                     gone ? "went away (its Join was cancelled)" : "gave up waiting",
+                     workers_.size() - 1, options_.world_size);
+        workers_.erase(mine);
+      }
+      return {grpc::StatusCode::DEADLINE_EXCEEDED, "gave up waiting for the other workers"};
+    }
+  }
+  if (state_ == State::kFailed) return {grpc::StatusCode::ABORTED, failure_};
+  if (state_ == State::kStopped)
+    return {grpc::StatusCode::ABORTED, "the job stopped before it started (" + stop_reason_ + ")"};
+  if (mine == workers_.end() || generation_ != joined_generation)
+    return {grpc::StatusCode::ABORTED, "generation " + std::to_string(joined_generation) +
+                                           " ended before it started; join again"};
+  const Worker& me = *mine;
+  reply->set_rank(me.rank);
+  reply->set_world_size(options_.world_size);
+  reply->set_generation(generation_);
+  reply->set_run_id(options_.run_id);
+  reply->set_seed(options_.seed);
+  for (const auto& s : options_.settings) reply->add_settings(s);
+  for (const auto& [key, source] : options_.sources) (*reply->mutable_config_sources())[key] = source;
+  reply->set_job_file(options_.job_file);
+  reply->set_folder_marker(options_.folder_marker);
+  reply->set_local_world_size(me.local_world_size);
+  reply->set_local_rank(me.local_index);
+  reply->set_resume(generation_ > options_.generation);
+  return grpc::Status::OK;
+}
+
+}  // namespace lockstep
