@@ -24,6 +24,7 @@
 
 #include "runtime/data/image_files.h"
 #include "runtime/base/errors.h"
+#include "runtime/base/printable.h"
 
 namespace lockstep {
 namespace {
@@ -201,13 +202,6 @@ bool valid_utf8(const std::string& text) {
   return true;
 }
 
-// A name for messages: bytes outside printable ASCII as \xNN.
-std::string escaped(const std::string& text) {
-  std::string out;
-  for (unsigned char c : text) out += c >= 0x20 && c < 0x7f ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
-  return out;
-}
-
 std::vector<std::string> class_folders(const std::string& folder, const std::string& key) {
   std::error_code error;
   if (!fs::is_directory(folder, error))
@@ -220,7 +214,7 @@ std::vector<std::string> class_folders(const std::string& folder, const std::str
   if (error) throw InputError(key + " = " + folder + ": cannot list (" + error.message() + ")");
   for (const auto& name : names)
     if (!valid_utf8(name))
-      throw InputError(key + " = " + folder + ": class folder '" + escaped(name) + "' is not a UTF-8 name "
+      throw InputError(key + " = " + folder + ": class folder '" + printable(name) + "' is not a UTF-8 name "
                        "(class names go into the manifest and the report as text); rename it");
   std::sort(names.begin(), names.end());
   if (names.empty())

@@ -4,29 +4,10 @@
 #include <limits>
 
 #include "runtime/base/errors.h"
+#include "runtime/base/printable.h"
 
 namespace lockstep {
 namespace {
-
-// A quoted piece of untrusted text for a message: at most 60 bytes, and
-// bytes outside printable ASCII as \xNN, so a hostile header can neither
-// flood the log nor write control characters to the terminal.
-std::string excerpt(const char* text, size_t length) {
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < length && i < 60; ++i) {
-    const unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f) {
-      out += char(c);
-    } else {
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  if (length > 60) out += "...";
-  return out;
-}
 
 // One pass over the dict literal. Every method advances `at` or throws.
 class HeaderReader {
@@ -56,7 +37,7 @@ class HeaderReader {
         header.shape = tuple();
         has_shape = true;
       } else {
-        fail("has an unknown key '" + excerpt(key.data(), key.size()) + "' (numpy writes descr, fortran_order, shape)");
+        fail("has an unknown key '" + printable(key, 60) + "' (numpy writes descr, fortran_order, shape)");
       }
       skip_space();
       if (peek() == ',') {
@@ -75,7 +56,7 @@ class HeaderReader {
 
  private:
   [[noreturn]] void fail(const std::string& why) const {
-    throw InputError(where_ + ": the .npy header " + why + ": " + excerpt(text_, length_) +
+    throw InputError(where_ + ": the .npy header " + why + ": " + printable(std::string_view(text_, length_), 60) +
                      "; write the file with numpy.save");
   }
   char peek() const { return at_ < length_ ? text_[at_] : '\0'; }
