@@ -226,8 +226,9 @@ TEST_F(MultiHostTest, ACutWorkerIsReplacedFromTheCheckpointsOfASharedFolder) {
   ASSERT_TRUE(coordinator.wait_for_output("Decision: restart = generation 2", 20)) << coordinator.output();
   const double noticed = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
   EXPECT_LE(noticed, 3.0 + 2.0) << "fault.heartbeat_timeout_s = 3";
-  start_worker("spare", 0, {}, shared);  // the cluster's supervisor, by hand
-  ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output();
+  auto& spare = start_worker("spare", 0, {}, shared);  // the cluster's supervisor, by hand
+  ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output() << "\n--- the survivor (w1):\n"
+                                      << processes[1]->output() << "\n--- the spare:\n" << spare.output();
   EXPECT_NE(lost.wait(30), 0) << "the cut-off worker ends by itself: " << lost.output();
 
   auto manifest = read_json(single_run(shared + "/runs") + "/manifest.json");
