@@ -6,6 +6,7 @@
 // trained model as a file. Built-in models (runtime/model/models.h) and
 // TorchScript modules saved from Python (runtime/model/scripted_model.h)
 // implement it; the trainer, checkpoints and audits know nothing else.
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -61,5 +62,12 @@ class Model {
 // The model's output for `input` in fp32: under CPU autocast to `autocast`
 // (at::kBFloat16) unless it is at::kFloat.
 at::Tensor forward_output(Model& model, const at::Tensor& input, at::ScalarType autocast);
+
+// Runs `call` (the model's forward, loss or backward). What it raises
+// becomes a ModelFailure whose line is "<where> (precision <precision>)
+// failed in <the model>: <the error's own line>" and whose detail is the
+// whole message; an InputError or RunError passes unchanged.
+void run_model_call(const std::string& where, const std::string& precision, const Model& model,
+                    const std::function<void()>& call);
 
 }  // namespace lockstep

@@ -182,6 +182,21 @@ at::Tensor forward_output(Model& model, const at::Tensor& input, at::ScalarType 
   return output.to(at::kFloat);  // the loss in fp32
 }
 
+void run_model_call(const std::string& where, const std::string& precision, const Model& model,
+                    const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const RunError&) {
+    throw;
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw ModelFailure(fmt::format("{} (precision {}) failed in {}: {}", where, precision, model.description(),
+                                   error_line(e.what())),
+                       e.what());
+  }
+}
+
 c10::Device Model::device() const {
   const NamedTensors trainable = parameters();
   return trainable.empty() ? c10::Device(c10::kCPU) : trainable.front().second.device();

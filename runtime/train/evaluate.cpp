@@ -15,7 +15,7 @@ namespace lockstep {
 
 EvalResult evaluate(Model& model, const Objective& objective, const Dataset& test, int rank,
                     int world_size, int64_t batch_size, CollectiveGroup& group,
-                    const std::string& precision) {
+                    const std::string& precision, const std::string& where) {
   torch::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.train(false);
@@ -27,18 +27,10 @@ EvalResult evaluate(Model& model, const Objective& objective, const Dataset& tes
     const at::Tensor inputs = test.input_rows(rows, &unreadable).to(model.device());
     const at::Tensor targets = test.target_rows(rows, unreadable).to(model.device());
     std::vector<double> batch;
-    try {
+    run_model_call(where, precision, model, [&] {
       batch = objective.metric_sums(forward_output(model, inputs, precision == "bf16" ? at::kBFloat16 : at::kFloat),
                                     targets);
-    } catch (const RunError&) {
-      throw;
-    } catch (const InputError&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw ModelFailure(fmt::format("precision {}) failed in {}: {}", precision, model.description(),
-                                     error_line(e.what())),
-                         e.what());
-    }
+    });
     if (sums.empty()) sums.assign(batch.size(), 0.0);
     for (size_t i = 0; i < batch.size(); ++i) sums[i] += batch[i];
   }

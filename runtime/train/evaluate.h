@@ -23,10 +23,11 @@ class Objective;
 class CollectiveGroup;
 // Evaluates on the test set: rank r takes samples r, r + W, ...; sums are
 // all-reduced on `group`, so every rank returns the same figures. The
-// forward runs at the training precision (`precision`: fp32 | bf16).
+// forward runs at `precision` (fp32 | bf16). What the model raises is a
+// ModelFailure that begins with `where` ("evaluation at step 20").
 EvalResult evaluate(Model& model, const Objective& objective, const Dataset& test, int rank,
                     int world_size, int64_t batch_size, CollectiveGroup& group,
-                    const std::string& precision = "fp32");
+                    const std::string& precision = "fp32", const std::string& where = "evaluation");
 
 // "test loss 0.41 [0.39, 0.43] (cross_entropy), accuracy 0.8500 [0.8429, 0.8568], ...
 // (n = 10000, 95% intervals)": for the log.

@@ -392,17 +392,7 @@ void StepLoop::log_step(int64_t step, double lr, double global_valid, double sec
 }
 
 void StepLoop::model_call(const char* phase, int64_t step, const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const RunError&) {
-    throw;
-  } catch (const InputError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw ModelFailure(fmt::format("{} at step {} (precision {}) failed in {}: {}", phase, step, parts_.precision,
-                                   model_.description(), error_line(e.what())),
-                       e.what());
-  }
+  run_model_call(fmt::format("{} at step {}", phase, step), parts_.precision, model_, call);
 }
 
 void StepLoop::evaluate_now(int64_t step, bool final) {
@@ -410,16 +400,12 @@ void StepLoop::evaluate_now(int64_t step, bool final) {
   EvalResult& figures = validation ? result_.last_validation : result_.last_eval;
   {
     auto scope = parts_.timer.measure(Phase::kEval);
-    try {
-      figures = buffers_->as_saved([&] {
-        return evaluate(model_, *objective_, validation ? parts_.data.validation : parts_.data.test,
-                        parts_.rank, parts_.world_size, config_.eval.batch_size, parts_.data_group,
-                        parts_.eval_precision);
-      });
-    } catch (const ModelFailure& e) {  // evaluate() knows the phase, not the step
-      throw ModelFailure(fmt::format("{} at step {} ({}", validation ? "validation" : "evaluation", step, e.what()),
-                         e.detail());
-    }
+    figures = buffers_->as_saved([&] {
+      return evaluate(model_, *objective_, validation ? parts_.data.validation : parts_.data.test,
+                      parts_.rank, parts_.world_size, config_.eval.batch_size, parts_.data_group,
+                      parts_.eval_precision,
+                      fmt::format("{} at step {}", validation ? "validation" : "evaluation", step));
+    });
   }
   const std::string split = validation ? "validation" : "test";
   parts_.events.write({{"event", "eval"}, {"step", step}, {"split", split}, {"loss", figures.loss},
