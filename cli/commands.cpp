@@ -19,7 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/launcher.h"
-#include "cli/resume.h"
+#include "runtime/startup/resume_plan.h"
 #include "lockstep/build_config.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/endpoint_checks.h"
@@ -32,10 +32,8 @@
 #include "runtime/model/models.h"
 #include "runtime/precision/probe.h"
 #include "runtime/run/run_folder.h"
-#include "worker/coordinator_rendezvous.h"
-#include "worker/heartbeat.h"
+#include "runtime/startup/job_checks.h"
 #include "runtime/startup/model_checks.h"
-#include "worker/worker.h"
 
 namespace lockstep {
 
@@ -117,23 +115,6 @@ JobStateOptions job_options(const JobConfig& config, const std::string& run_id) 
   return job;
 }
 
-// The job file with overrides, checked as far as this machine can: keys,
-// model name, data files.
-JobConfig checked_job(const std::string& job_file, const std::vector<std::string>& overrides) {
-  JobConfig config = load_job_config(job_file, overrides);
-  // An unknown model, or fault.inject / precision.fp32_modules naming what
-  // the model lacks, is bad input before any process starts.
-  if (config.model.name == "torchscript" && !std::filesystem::exists(config.model.path))
-    spdlog::info("Decision: model_check = on the workers' hosts (model.path {} is not on this host; "
-                 "each worker checks its own copy as it loads it, exit 2 if it is not a module)",
-                 config.model.path);
-  else
-    check_injected_faults(config, ModelRegistry::with_builtins());
-  check_machine_request(config);                       // device = gpu on a CPU build, ...
-  return config;
-}
-
-// What a worker takes from its own host's environment.
 }  // namespace
 
 int run_command(const std::string& job_file, const std::vector<std::string>& overrides, int nproc,
@@ -148,7 +129,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
     passed_on.push_back("job.world_size=" + std::to_string(nproc));
     config = checked_job(job_file, passed_on);
   }
-  validate_data_files(config.data);  // a truncated file is bad input before anything starts
+  check_data_files(config.data, DataHost::this_host);  // a truncated file is bad input before anything starts
   if (resume_is_already_done(resume, config)) return 0;
   // The model against the data: a shape it rejects is bad input before anything starts.
   // At the precision the job names (`auto` is resolved by each worker, which runs the dry run again).
@@ -264,11 +245,7 @@ int coordinator_command(const std::string& job_file, const std::vector<std::stri
   if (resume_is_already_done(resume, config)) return 0;
   // The data is read on the workers' hosts; when this host has it too, a
   // damaged file is bad input before anything listens.
-  if (config.data.name != "fashion-mnist" || std::filesystem::exists(config.data.path))
-    validate_data_files(config.data);
-  else
-    spdlog::info("Decision: data_check = on the workers' hosts (data.path {} is not on this host; each "
-                 "worker checks its own copy as it loads it, exit 2 if damaged)", config.data.path);
+  check_data_files(config.data, DataHost::workers_hosts);
   if (serve.tls_cert.empty() != serve.tls_key.empty())
     throw InputError("--tls-cert and --tls-key go together: give both, or neither for plaintext");
   CoordinatorOptions options;

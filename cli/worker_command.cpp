@@ -21,6 +21,7 @@
 #include "worker/coordinator_client.h"
 #include "worker/coordinator_rendezvous.h"
 #include "worker/heartbeat.h"
+#include "runtime/startup/job_checks.h"
 #include "worker/worker.h"
 
 namespace lockstep {
@@ -56,7 +57,7 @@ int torchrun_worker(const std::string& job_file, const std::vector<std::string>&
   if (job_file.empty())
     throw InputError("lockstep worker needs --coordinator HOST:PORT, or a job file when the "
                      "rank comes from torchrun's variables (RANK, WORLD_SIZE, ...)");
-  JobConfig config = load_job_config(job_file, overrides);
+  JobConfig config = checked_job(job_file, overrides);
   TorchrunRendezvous rendezvous(TorchrunEnv::from_environment());
   WorkerOptions options;
   options.process_start = start;

@@ -1,4 +1,4 @@
-#include "cli/resume.h"
+#include "runtime/startup/resume_plan.h"
 
 #include <filesystem>
 
