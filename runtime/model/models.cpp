@@ -317,7 +317,7 @@ std::shared_ptr<Model> ModelRegistry::build(const ModelSection& model) const {
     for (const auto& name : names()) known += (known.empty() ? "" : ", ") + name;
     throw InputError("model.name = " + model.name + " is not registered (allowed: " + known +
                      "); a PyTorch model of your own: save it with python/lockstep_model.py and "
-                     "set model.name = torchscript, model.path = FILE (README: Bring your own model)");
+                     "set model.name = torchscript, model.path = FILE (docs/model.md)");
   }
   return it->second(model);
 }

@@ -37,7 +37,7 @@ TEST(Coordinator, RunTrainsThroughTheEmbeddedCoordinatorAndStatusShowsProgress) 
     EXPECT_EQ(result.exit_code, 0) << result.output;
     auto json = nlohmann::json::parse(result.output.substr(result.output.find('{')));
     std::vector<int64_t> out;
-    // Counts are JSON numbers (README: `lockstep status --json`).
+    // Counts are JSON numbers (docs/commands.md: `lockstep status --json`).
     EXPECT_TRUE(json["generation"].is_number_integer()) << json.dump();
     for (const auto& r : json["ranks"]) {
       EXPECT_TRUE(r["pid"].is_number_integer()) << r.dump();

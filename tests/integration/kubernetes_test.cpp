@@ -333,7 +333,7 @@ TEST_F(KubernetesTest, ShippedManifestsTrainAndReplaceALostWorkerPod) {
   const int world_size = workers_job["spec"]["completions"];
   const int backoff_limit = workers_job["spec"]["backoffLimit"];
 
-  // What the README has the user create: the token Secret and the job file's ConfigMap.
+  // What docs/slurm-and-kubernetes.md has the user create: the token Secret and the job file's ConfigMap.
   secrets["lockstep-token/token"] = kToken;
   std::string job_text;
   {

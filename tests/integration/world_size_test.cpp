@@ -1,7 +1,7 @@
 // The same job on 1, 2 and 4 ranks with the same global batch: how far the
 // parameters drift from the one-rank run after every step, and, where the
 // distance jumps in one step, what differed in that step's forward (see
-// support/world_size_drift.h). Printed; the README states the promise.
+// support/world_size_drift.h). Printed; docs/data.md states the promise.
 #include <cstdio>
 #include <filesystem>
 
