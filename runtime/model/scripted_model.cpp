@@ -1,5 +1,6 @@
 #include "runtime/model/scripted_model.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -13,9 +14,36 @@
 namespace lockstep {
 namespace {
 
+// The first line with something on it (TorchScript's messages may start
+// with an empty one), bounded.
 std::string first_line(const std::string& text) {
-  const auto end = text.find('\n');
-  return end == std::string::npos ? text : text.substr(0, end);
+  size_t start = 0;
+  while (start < text.size()) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    const std::string line = text.substr(start, end - start);
+    if (line.find_first_not_of(" \t\r") != std::string::npos) return line.substr(0, 400);
+    start = end + 1;
+  }
+  return "no message";
+}
+
+// Why torch::jit::load refused `path`, with the fix. A module scripted by a
+// newer PyTorch fails on the first operator this LibTorch lacks
+// ("Unknown builtin op: aten::scaled_dot_product_attention." for a 2.x
+// Transformer layer in 1.13): that is said as such, not as a damaged file.
+std::string load_failure(const std::string& path, const std::string& what) {
+  const std::string line = first_line(what);
+  const std::string unknown = "Unknown builtin op: ";
+  if (const auto at = line.find(unknown); at != std::string::npos) {
+    std::string op = line.substr(at + unknown.size());
+    if (!op.empty() && op.back() == '.') op.pop_back();
+    return "model.path = " + path + " calls the operator " + op + ", which this lockstep's LibTorch (" +
+           TORCH_VERSION + ") does not have: the module was scripted by a newer PyTorch. Script it with "
+           "PyTorch " + TORCH_VERSION + ", or change the model so that it does not call " + op +
+           " (TorchScript's own message: " + line + ")";
+  }
+  return "model.path = " + path + " is not a TorchScript module this LibTorch (" + TORCH_VERSION +
+         ") can load (" + line + "); save one from Python with torch.jit.script(model).save(path)";
 }
 
 std::string join(const std::vector<std::string>& items) {
@@ -186,9 +214,7 @@ std::shared_ptr<Model> load_scripted_model(const ModelSection& section) {
   try {
     module = torch::jit::load(section.path, torch::kCPU);
   } catch (const std::exception& e) {
-    throw InputError("model.path = " + section.path + " is not a TorchScript module (" +
-                     first_line(e.what()) + "); save one from Python with "
-                     "torch.jit.script(model).save(path)");
+    throw InputError(load_failure(section.path, e.what()));
   }
   return std::make_shared<ScriptedModel>(std::move(module), section);
 }

@@ -311,6 +311,9 @@ TEST(ScriptedModel, BadModelsAreRefusedBeforeAnythingStarts) {
   const std::string fx = make_fixtures(dir);
   expect_refused(dir, fx, "frozen.pt", "classes", {}, "no trainable parameter");
   expect_refused(dir, fx, "not_a_module.pt", "classes", {}, "is not a TorchScript module");
+  // A module scripted by a newer PyTorch: the operator this LibTorch lacks is named, and why.
+  expect_refused(dir, fx, "newer_op.pt", "classes", {},
+                 "calls the operator aten::tanh_from_a_newer_pytorch, which this lockstep's LibTorch");
   expect_refused(dir, fx, "absent.pt", "classes", {}, "absent.pt: no such file");
   expect_refused(dir, fx, "tied.pt", "wide", {}, "input of shape [16, 10]");
   expect_refused(dir, fx, "dict.pt", "classes", {}, "set model.output to the key");

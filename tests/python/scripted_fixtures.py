@@ -21,6 +21,7 @@
 """
 import json
 import os
+import zipfile
 import sys
 
 import numpy as np
@@ -133,6 +134,23 @@ def write_arrays(folder, x, y):
     np.save(os.path.join(folder, "y.npy"), y)
 
 
+def write_from_a_newer_pytorch(source, path):
+    """A copy of the scripted module `source` whose code calls an operator
+    no LibTorch has, as a module scripted by a newer PyTorch calls one the
+    older LibTorch lacks (2.x's Transformer layers call
+    aten::scaled_dot_product_attention, absent from 1.13)."""
+    with zipfile.ZipFile(source) as original, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as copy:
+        changed = False
+        for info in original.infolist():
+            data = original.read(info.filename)
+            if info.filename.endswith(".py") and b"torch.tanh(" in data and not changed:
+                data = data.replace(b"torch.tanh(", b"torch.tanh_from_a_newer_pytorch(", 1)
+                changed = True
+            copy.writestr(info, data)
+    if not changed:
+        raise RuntimeError(f"{source}: no torch.tanh( in its code to replace")
+
+
 def make(out):
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(7)
@@ -156,6 +174,7 @@ def make(out):
     torch.jit.script(inf_buffer).save(os.path.join(out, "inf_buffer.pt"))
     with open(os.path.join(out, "not_a_module.pt"), "wb") as f:
         torch.save({"weight": torch.ones(3)}, f)
+    write_from_a_newer_pytorch(os.path.join(out, "tied.pt"), os.path.join(out, "newer_op.pt"))
     rng = np.random.default_rng(3)
     teacher = rng.normal(size=(8, 4))
     for split, n in (("train", 64), ("test", 40)):
