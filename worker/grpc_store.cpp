@@ -71,6 +71,12 @@ v1::StoreReply wait_for(CoordinatorClient& client, StoreRequest r, std::chrono::
 GrpcStore::GrpcStore(CoordinatorClient& client, std::string run_id, std::chrono::milliseconds timeout)
     : c10d::Store(timeout), client_(client), run_id_(std::move(run_id)) {}
 
+#if TORCH_VERSION_MAJOR >= 2
+c10::intrusive_ptr<c10d::Store> GrpcStore::clone() {
+  return c10::make_intrusive<GrpcStore>(client_, run_id_, timeout_);
+}
+#endif
+
 void GrpcStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   auto r = request(run_id_, StoreRequest::SET, {key});
   r.set_value(std::string(value.begin(), value.end()));

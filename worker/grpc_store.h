@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/version.h>
 
 namespace lockstep {
 
@@ -19,6 +20,11 @@ class CoordinatorClient;
 class GrpcStore : public c10d::Store {
  public:
   GrpcStore(CoordinatorClient& client, std::string run_id, std::chrono::milliseconds timeout);
+#if TORCH_VERSION_MAJOR >= 2
+  // Another handle on the same keys (LibTorch 2.x asks for one per thread
+  // that uses the store); it shares the client, which is thread-safe.
+  c10::intrusive_ptr<c10d::Store> clone() override;
+#endif
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,

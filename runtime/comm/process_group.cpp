@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 
 namespace lockstep {
 
@@ -17,7 +18,11 @@ void PendingCollective::wait() {
 bool PendingCollective::done() const { return !impl_ || impl_->work->isCompleted(); }
 
 struct CollectiveGroup::Impl {
+#if TORCH_VERSION_MAJOR >= 2
+  c10::intrusive_ptr<c10d::Backend> group;  // 2.x: ProcessGroupGloo is a Backend
+#else
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+#endif
 };
 
 StorePtr open_tcp_store(const std::string& host, int port, bool is_server, int world_size,

@@ -66,7 +66,7 @@ Timing measure(int world, StoreFor store_for) {
   std::vector<double> trips;
   for (int i = 0; i < 200; ++i) {
     const auto t0 = Clock::now();
-    stores[0]->set("trip/" + std::to_string(i), {1, 2, 3});
+    stores[0]->set("trip/" + std::to_string(i), std::vector<uint8_t>{1, 2, 3});
     stores[0]->get("trip/" + std::to_string(i));
     trips.push_back(seconds_since(t0) * 1e6);
   }
