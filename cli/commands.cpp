@@ -17,6 +17,7 @@
 #include <thread>
 
 #include <spdlog/spdlog.h>
+#include <torch/cuda.h>
 
 #include "cli/launcher.h"
 #include "runtime/startup/resume_plan.h"
@@ -129,6 +130,7 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
     passed_on.push_back("job.world_size=" + std::to_string(nproc));
     config = checked_job(job_file, passed_on);
   }
+  check_devices_here(config);  // the ranks run here: a GPU asked for must be here
   check_data_files(config.data, DataHost::this_host);  // a truncated file is bad input before anything starts
   if (resume_is_already_done(resume, config)) return 0;
   // The model against the data: a shape it rejects is bad input before anything starts.
@@ -307,6 +309,9 @@ int probe_command(const std::string& candidate, bool force, bool json) {
   if (!LOCKSTEP_HAS_CUDA)
     std::printf("GPU paths: absent (this lockstep is built against a LibTorch without CUDA: no "
                 "CUDA device, no NCCL data group, no fp16)\n");
+  else if (!torch::cuda::is_available())
+    std::printf("GPU paths: compiled in (LibTorch %s with CUDA and NCCL), but no CUDA device is "
+                "visible to this process: CPU rows only\n", LOCKSTEP_TORCH_VERSION);
   std::printf("source: %s\n", why.c_str());
   return 0;
 }

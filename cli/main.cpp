@@ -14,7 +14,15 @@ int main(int argc, char** argv) {
 
   CLI::App app{"lockstep " LOCKSTEP_VERSION ": data-parallel training that never fails silently"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "lockstep " LOCKSTEP_VERSION);
+  // What this binary can drive: the LibTorch it links, and whether CUDA and
+  // the NCCL data group are compiled in (a GPU at run time is another matter).
+#ifdef USE_C10D_NCCL
+  const char* nccl = "NCCL data group compiled in";
+#else
+  const char* nccl = "no NCCL";
+#endif
+  app.set_version_flag("--version", std::string("lockstep " LOCKSTEP_VERSION " (LibTorch " LOCKSTEP_TORCH_VERSION ", ") +
+                                        (LOCKSTEP_HAS_CUDA ? "CUDA" : "CPU only, no CUDA") + ", " + nccl + ")");
   std::string job_file, resume_dir;
   ServeFlags serve;
   std::vector<std::string> overrides;

@@ -58,6 +58,7 @@ int torchrun_worker(const std::string& job_file, const std::vector<std::string>&
     throw InputError("lockstep worker needs --coordinator HOST:PORT, or a job file when the "
                      "rank comes from torchrun's variables (RANK, WORLD_SIZE, ...)");
   JobConfig config = checked_job(job_file, overrides);
+  check_devices_here(config);
   TorchrunRendezvous rendezvous(TorchrunEnv::from_environment());
   WorkerOptions options;
   options.process_start = start;

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Bring a PyTorch model (and numpy data) to lockstep and take the trained model back.
 
 lockstep trains TorchScript modules (model.name = "torchscript",

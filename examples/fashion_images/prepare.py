@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes Fashion-MNIST as an image folder, the layout data.name = "images"
 reads (and torchvision's ImageFolder): OUT/train/CLASS/NNNNN.png and
 OUT/test/CLASS/..., the ten class names as folders. Every third image is a
 JPEG (quality 95), the rest PNG, so both decoders are used.
 
-Usage: /usr/bin/python3 examples/fashion_images/prepare.py [OUT] [TRAIN_PER_CLASS] [TEST_PER_CLASS]
+Usage: .venv/bin/python3 examples/fashion_images/prepare.py [OUT] [TRAIN_PER_CLASS] [TEST_PER_CLASS]
 (default OUT runs/fashion-images, all 60,000 + 10,000 images; about 30 s)
 """
 import gzip

@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """torchvision's resnet18 (random init, 10 classes) for Fashion-MNIST, as a
 TorchScript file lockstep trains.
 
 Fashion-MNIST is grey: the module repeats the one channel three times in
 front of the unchanged torchvision network. Usage:
-    /usr/bin/python3 examples/resnet18/prepare.py [OUT.pt]   (default runs/resnet18.pt)
+    .venv/bin/python3 examples/resnet18/prepare.py [OUT.pt]   (default runs/resnet18.pt)
 """
 import os
 import sys

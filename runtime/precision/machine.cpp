@@ -13,6 +13,7 @@
 
 #include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
+#include <ATen/Version.h>
 #include <torch/cuda.h>
 
 #include "lockstep/build_config.h"
@@ -124,6 +125,11 @@ std::string resolve_precision(const JobConfig& config, const std::string& device
     log.record("precision", "fp32", "auto: " + where + " (< 8: no native bf16; fp16 is yours to ask for)");
     return "fp32";
   }
+  if (asked == "fp16")  // a CUDA build on a machine without a visible GPU
+    throw InputError("precision = fp16 runs only on CUDA (CPU autocast has bf16 only), and this rank "
+                     "trains on the CPU (" + std::string(LOCKSTEP_HAS_CUDA ? "no CUDA device is visible"
+                                                                          : "this LibTorch has no CUDA") +
+                     "); use precision = bf16, fp32 or auto");
   const std::string flags = native_bf16_cpu_flags();
   if (asked == "bf16") {
     const Bf16Figures figures = cpu_bf16_figures();
@@ -256,6 +262,15 @@ BlasInfo loaded_blas() {
       fallback = path;
   }
   if (!fallback.empty()) return {fallback, classify_blas(fallback)};
+  // No BLAS library of its own in the process: PyPI's LibTorch links MKL
+  // statically into libtorch_cpu.so, and says so in its build settings.
+  const std::string config = at::show_config();
+  const std::string key = "BLAS_INFO=";
+  if (const auto at = config.find(key); at != std::string::npos) {
+    const auto end = config.find_first_of(", \n", at + key.size());
+    const std::string kind = config.substr(at + key.size(), end - at - key.size());
+    if (!kind.empty()) return {"linked into LibTorch", classify_blas(kind) == "unknown" ? kind : classify_blas(kind)};
+  }
   return {"", "unknown"};
 }
 
@@ -265,9 +280,13 @@ void check_machine_request(const JobConfig& config) {
         "device = gpu, but this lockstep is built against a LibTorch without CUDA; "
         "use device = cpu (or auto), or rebuild against a CUDA LibTorch");
   if (config.comm.backend == "nccl")
-    throw InputError("comm.backend = nccl, but the NCCL data group is not compiled into this "
-                     "lockstep (built against a LibTorch without NCCL); use comm.backend = gloo "
-                     "or auto");
+    throw InputError(LOCKSTEP_HAS_CUDA
+                         ? "comm.backend = nccl: this lockstep's LibTorch has NCCL, but its trainer does not "
+                           "place models on CUDA yet, and NCCL reduces CUDA tensors only; use "
+                           "comm.backend = gloo or auto"
+                         : "comm.backend = nccl, but the NCCL data group is not compiled into this "
+                           "lockstep (built against a LibTorch without NCCL); use comm.backend = gloo "
+                           "or auto");
   const std::string& dtype = config.precision.dtype;
   if (dtype == "fp16" && !LOCKSTEP_HAS_CUDA)
     throw InputError("precision = fp16 runs only on CUDA (LibTorch 1.13's CPU autocast has bf16 "
@@ -292,6 +311,8 @@ ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int loc
   machine.backend = "gloo";
   log.record("comm.backend", "gloo",
              config.comm.backend == "gloo" ? "job asked for gloo"
+             : LOCKSTEP_HAS_CUDA           ? "auto: this rank trains on " + machine.device +
+                                       ", and Gloo serves CPU tensors (NCCL reduces CUDA tensors only)"
                                            : "auto: the NCCL data group is not compiled in, Gloo "
                                              "serves " + machine.device + " tensors");
 

@@ -16,6 +16,11 @@ namespace lockstep {
 // (when this host has the model), and the device it asks for.
 JobConfig checked_job(const std::string& job_file, const std::vector<std::string>& overrides);
 
+// The devices the job asks for against this host's, where the ranks run
+// on this host (`lockstep run`, a torchrun-style worker): device = gpu, or
+// precision = fp16, with no CUDA device visible is InputError.
+void check_devices_here(const JobConfig& config);
+
 // Where the data files are read from decides who checks them.
 enum class DataHost {
   this_host,      // `lockstep run`: the workers share this host; a missing file is bad input

@@ -53,7 +53,7 @@ def lockstep(build, model, nproc=2, extra=()):
 
 def ddp(model):
     launched = time.time()
-    out = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "ddp_reference.py"), "--model", model,
+    out = subprocess.run([sys.executable, os.path.join(HERE, "ddp_reference.py"), "--model", model,
                           "--steps", str(STEPS[model] // 2)],
                          check=True, capture_output=True, text=True, env=ENV).stdout
     result = json.loads(out.strip().splitlines()[-1])

@@ -5,7 +5,7 @@ The same models (mlp, cnn, deep_mlp), PyTorch's default initialisation
 (which LibTorch's C++ modules share), the same batch per rank, the same
 threads per rank, Gloo, N ranks on this machine, synthetic data in memory,
 SGD with momentum. Prints one JSON object: step time over the timed steps.
-Run with Debian's python3-torch: /usr/bin/python3 ddp_reference.py --model cnn
+Run with the project's torch: .venv/bin/python3 ddp_reference.py --model cnn
 """
 import argparse
 import json

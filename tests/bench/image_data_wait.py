@@ -50,7 +50,7 @@ def main():
     workers = "?"
     with tempfile.TemporaryDirectory() as data:
         folder = os.path.join(data, "fashion-images")
-        subprocess.run(["/usr/bin/python3", os.path.join(EXAMPLE, "prepare.py"), folder], check=True,
+        subprocess.run([sys.executable, os.path.join(EXAMPLE, "prepare.py"), folder], check=True,
                        stdout=subprocess.DEVNULL)
         files = sum(len(names) for _, _, names in os.walk(folder))
         for rep in range(repetitions):

@@ -5,8 +5,10 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../../build}
 repetitions=${2:-5}
+# The PyTorch side runs on the torch lockstep links: the project's .venv.
+python=${LOCKSTEP_PYTHON:-$here/../../.venv/bin/python3}
 echo "== lockstep vs PyTorch DDP" >&2
-/usr/bin/python3 "$here/compare_ddp.py" "$build" "$repetitions"
+"$python" "$here/compare_ddp.py" "$build" "$repetitions"
 echo "== audit overhead" >&2
 "$build/tests/bench/audit_overhead" "$repetitions"
 echo "== gradient-sync efficiency" >&2
@@ -14,13 +16,13 @@ echo "== gradient-sync efficiency" >&2
 echo "== rendezvous store over gRPC against TCPStore: start-up" >&2
 "$build/tests/bench/store_startup" "$repetitions"
 echo "== recovery after a killed worker" >&2
-/usr/bin/python3 "$here/recovery.py" "$build" "$repetitions"
+"$python" "$here/recovery.py" "$build" "$repetitions"
 echo "== bf16 against fp32" >&2
-/usr/bin/python3 "$here/precision.py" "$build" "$repetitions"
+"$python" "$here/precision.py" "$build" "$repetitions"
 echo "== scripted resnet18: lockstep against PyTorch DDP, TorchScript against eager" >&2
-/usr/bin/python3 "$here/scripted_resnet.py" "$build" "$repetitions"
+"$python" "$here/scripted_resnet.py" "$build" "$repetitions"
 echo "== image folders: data wait against the step" >&2
-/usr/bin/python3 "$here/image_data_wait.py" "$build" "$repetitions"
+"$python" "$here/image_data_wait.py" "$build" "$repetitions"
 echo "== parameter distance across world sizes, and what differs where it jumps" >&2
 "$build/tests/bench/world_sizes" 50
 echo "== step time across namespace hosts and capped links (root)" >&2

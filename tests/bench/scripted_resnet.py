@@ -116,7 +116,7 @@ def main():
     repetitions = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     samples = {k: [] for k in ("lockstep_ms", "ddp_ms", "ratio", "script_ms", "eager_ms", "script_ratio")}
     with tempfile.TemporaryDirectory() as folder:
-        subprocess.run(["/usr/bin/python3", os.path.join(SOURCE, "examples/resnet18/prepare.py"),
+        subprocess.run([sys.executable, os.path.join(SOURCE, "examples/resnet18/prepare.py"),
                         os.path.join(folder, "resnet18.pt")], check=True, stdout=subprocess.DEVNULL)
         os.makedirs(os.path.join(folder, "data"))
         rng = np.random.default_rng(0)

@@ -42,7 +42,7 @@ import time
 
 MARKER = re.compile(r"^<!--\s*runnable(?P<attrs>(?:\s+[a-z]+=\S+)*)\s*-->\s*$")
 FENCE = re.compile(r"^```(sh|bash)\s*$")
-LINKED = ["examples", "python", "tests", "deploy", "docs"]
+LINKED = ["examples", "python", "tests", "deploy", "docs", ".venv"]
 
 
 class Block:
@@ -129,7 +129,8 @@ def broken_links(page):
 def make_workdir(source):
     work = tempfile.mkdtemp(prefix="lockstep-docs-")
     for name in LINKED:
-        os.symlink(os.path.join(source, name), os.path.join(work, name))
+        if os.path.exists(os.path.join(source, name)):
+            os.symlink(os.path.join(source, name), os.path.join(work, name))
     os.makedirs(os.path.join(work, "build"))
     return work
 

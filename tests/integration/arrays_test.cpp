@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 const std::string kArrays = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/python/array_fixtures.py";
 
 int python(const std::string& args) {
-  const std::string line = "timeout -s KILL 120 /usr/bin/python3 " + kArrays + " " + args;
+  const std::string line = "timeout -s KILL 120 " LOCKSTEP_PYTHON " " + kArrays + " " + args;
   return std::system(line.c_str());
 }
 
@@ -67,7 +67,7 @@ TEST(Arrays, NpzOfUint8ImagesTrainsOnTwoRanksAndItsProvenanceIsRecordedAndCached
 TEST(Arrays, AFolderOfNpyWithNanTargetsTrainsARegression) {
   TempDir dir;
   ASSERT_EQ(python("good " + dir.path() + "/a"), 0);
-  auto made = std::system(("timeout -s KILL 120 /usr/bin/python3 " + std::string(LOCKSTEP_SOURCE_DIR) +
+  auto made = std::system(("timeout -s KILL 120 " LOCKSTEP_PYTHON " " + std::string(LOCKSTEP_SOURCE_DIR) +
                            "/tests/python/scripted_fixtures.py make " + dir.path() + "/fx").c_str());
   ASSERT_EQ(made, 0);
   const std::string runs = dir.path() + "/runs";
@@ -92,20 +92,32 @@ TEST(Arrays, ATwoGibibyteNpyKeepsEachRanksResidentSetSmall) {
   TempDir dir;
   ASSERT_EQ(python("good " + dir.path() + "/a"), 0);
   ASSERT_EQ(python("big " + dir.path() + "/a 2740000"), 0);  // 2.0 GiB of uint8 images
-  const std::string runs = dir.path() + "/runs";
   auto sets = kImageSets;
   sets.back() = "job.steps=300";
-  auto result = run_lockstep(arrays_run(runs, dir.path() + "/a/big", dir.path() + "/a/fmnist-test.npz", sets),
-                             dir.path(), 150);
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-  for (int rank : {0, 1})
-    for (const auto& e : read_json_lines(single_run(runs) + "/events-rank" + std::to_string(rank) + ".jsonl"))
-      if (e["event"] == "end") {
-        const double rss = e["peak_rss_mb"];
-        std::printf("rank %d: peak RSS %.0f MiB with a %.2f GiB x.npy\n", rank, rss,
-                    double(fs::file_size(dir.path() + "/a/big/x.npy")) / (1 << 30));
-        EXPECT_LT(rss, 400.0) << "rank " << rank;
-      }
+  // Each rank's peak resident set, in MiB, training on `train`.
+  auto peaks = [&](const std::string& name, const std::string& train) {
+    const std::string runs = dir.path() + "/runs-" + name;
+    auto result = run_lockstep(arrays_run(runs, train, dir.path() + "/a/fmnist-test.npz", sets), dir.path(), 150);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    std::vector<double> rss;
+    for (int rank : {0, 1})
+      for (const auto& e : read_json_lines(single_run(runs) + "/events-rank" + std::to_string(rank) + ".jsonl"))
+        if (e["event"] == "end") rss.push_back(e["peak_rss_mb"]);
+    return rss;
+  };
+  // The same job on 6,000 Fashion-MNIST images (4.7 MB) is the baseline: what
+  // LibTorch and its libraries hold (a CUDA LibTorch maps far more than a
+  // CPU one); the 2 GiB file may add the batches in flight, not itself.
+  const auto small = peaks("small", dir.path() + "/a/fmnist.npz");
+  const auto big = peaks("big", dir.path() + "/a/big");
+  ASSERT_EQ(small.size(), 2u);
+  ASSERT_EQ(big.size(), 2u);
+  for (int rank : {0, 1}) {
+    std::printf("rank %d: peak RSS %.0f MiB with a %.2f GiB x.npy, %.0f MiB with 6,000 images\n", rank,
+                big[size_t(rank)], double(fs::file_size(dir.path() + "/a/big/x.npy")) / (1 << 30),
+                small[size_t(rank)]);
+    EXPECT_LT(big[size_t(rank)] - small[size_t(rank)], 150.0) << "rank " << rank;
+  }
 }
 
 // 1,001 test samples: no world size from 2 to 4 divides them. Each sample

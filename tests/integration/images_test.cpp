@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 const std::string kImages = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/python/image_fixtures.py";
 
 int python(const std::string& args) {
-  return std::system(("timeout -s KILL 120 /usr/bin/python3 " + kImages + " " + args).c_str());
+  return std::system(("timeout -s KILL 120 " LOCKSTEP_PYTHON " " + kImages + " " + args).c_str());
 }
 
 std::vector<std::string> image_sets(const std::string& root, std::vector<std::string> more) {

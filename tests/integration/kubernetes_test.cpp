@@ -40,7 +40,7 @@ std::string manifests_dir() { return std::string(LOCKSTEP_SOURCE_DIR) + "/deploy
 
 // "" when python3 with yaml is here, else the reason.
 std::string no_yaml() {
-  return shell("/usr/bin/python3 -c 'import yaml' 2>/dev/null") == 0
+  return shell(LOCKSTEP_PYTHON " -c 'import yaml' 2>/dev/null") == 0
              ? ""
              : "python3-yaml is missing: bash deploy/install-deps.sh";
 }
@@ -56,7 +56,7 @@ std::vector<json> load_manifests(const std::string& scratch) {
                            "with open(sys.argv[2], 'w') as out:\n"
                            "    json.dump(docs, out)\n";
   const std::string out = scratch + "/manifests.json";
-  if (shell("/usr/bin/python3 " + script + " " + manifests_dir() + " " + out) != 0)
+  if (shell(LOCKSTEP_PYTHON " " + script + " " + manifests_dir() + " " + out) != 0)
     throw std::runtime_error("python3 could not read the manifests in " + manifests_dir());
   return read_json(out).get<std::vector<json>>();
 }

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "integration/jobs.h"
+#include "lockstep/build_config.h"
 #include "runtime/precision/probe.h"
 
 namespace lockstep::testing {
@@ -21,9 +22,13 @@ void expect_refused(const std::vector<std::string>& sets, const std::string& rea
   EXPECT_NE(result.output.find(reason), std::string::npos) << result.output;
 }
 
-TEST(Precision, WhatThisCpuBuildCannotGiveIsRefusedWithTheReason) {
-  expect_refused({"device=gpu"}, "built against a LibTorch without CUDA");
-  expect_refused({"comm.backend=nccl"}, "NCCL data group is not compiled into this lockstep");
+// These tests run where no GPU is visible: a CUDA build says that, a
+// CPU-only build that it has no CUDA.
+TEST(Precision, WhatThisMachineCannotGiveIsRefusedWithTheReason) {
+  expect_refused({"device=gpu"}, LOCKSTEP_HAS_CUDA ? "device = gpu, but no CUDA device is visible"
+                                                   : "built against a LibTorch without CUDA");
+  expect_refused({"comm.backend=nccl"}, LOCKSTEP_HAS_CUDA ? "NCCL reduces CUDA tensors only"
+                                                          : "NCCL data group is not compiled into this lockstep");
   expect_refused({"precision=fp16"}, "fp16 runs only on CUDA");
 }
 
@@ -32,8 +37,9 @@ TEST(Precision, AutoDecidesDeviceAndPrecisionAndSaysWhy) {
   auto result = run_lockstep(synthetic_run(dir, 2, {"precision=auto", "device=auto", "job.steps=5"}),
                              dir.path(), 90, {"LOCKSTEP_CACHE_DIR=" + cache.path()});
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_NE(result.output.find("Decision: device = cpu (device = auto and this build's LibTorch "
-                               "has no CUDA)"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find(LOCKSTEP_HAS_CUDA ? "Decision: device = cpu (device = auto and no CUDA device is visible)"
+                                                 : "Decision: device = cpu (device = auto and this build's LibTorch "
+                                                   "has no CUDA)"), std::string::npos) << result.output;
   const bool native = result.output.find("no native bf16") == std::string::npos;
   if (native) {  // the choice rests on the probe's figures, measured once for both ranks
     EXPECT_NE(result.output.find("the probe measured bf16 at"), std::string::npos) << result.output;
@@ -136,7 +142,8 @@ TEST(Precision, ProbePrintsItsTableWritesTheCacheAndReRunsForAnotherMachine) {
   ASSERT_EQ(first.exit_code, 0) << first.output;
   EXPECT_NE(first.output.find("cpu      fp32   matmul"), std::string::npos) << first.output;
   EXPECT_NE(first.output.find("cpu      bf16   conv"), std::string::npos) << first.output;
-  EXPECT_NE(first.output.find("GPU paths: absent"), std::string::npos) << first.output;
+  EXPECT_NE(first.output.find(LOCKSTEP_HAS_CUDA ? "GPU paths: compiled in" : "GPU paths: absent"), std::string::npos)
+      << first.output;
   EXPECT_NE(first.output.find("measured now"), std::string::npos) << first.output;
   const std::string path = cache.path() + "/probe.json";
   ASSERT_TRUE(std::filesystem::exists(path));

@@ -271,7 +271,7 @@ TEST(ScriptedModel, DictOutputPickedByModelOutputAndBf16AutocastTrainsIt) {
 TEST(ScriptedModel, Bf16AutocastReachesTheOperatorsOfAScriptedModule) {
   TempDir dir;
   const std::string path = dir.path() + "/linear.pt";
-  auto made = shell_output("/usr/bin/python3 -c \"import torch; m = torch.nn.Linear(1, 1); "
+  auto made = shell_output(LOCKSTEP_PYTHON " -c \"import torch; m = torch.nn.Linear(1, 1); "
                     "m.weight.data.fill_(1 + 2 ** -10); m.bias.data.zero_(); "
                     "torch.jit.script(m).save('" + path + "')\" 2>&1");
   ASSERT_EQ(made.exit_code, 0) << made.output;
@@ -343,32 +343,35 @@ TEST(ScriptedModel, AnAllZeroWeightMatrixIsWarnedAbout) {
       << result.output;
 }
 
-TEST(ScriptedModel, ATransformerWhoseEvaluationFailsInBf16EvaluatesInFp32AndTrainsToTheEnd) {
+// A model whose evaluation forward fails only under bf16 autocast (as
+// LibTorch 1.13's fused TransformerEncoder eval path did) evaluates in fp32,
+// said once, and trains to the end; a TransformerEncoder trains and
+// evaluates in bf16 beside it.
+TEST(ScriptedModel, AModelWhoseEvaluationFailsInBf16EvaluatesInFp32AndTrainsToTheEnd) {
   TempDir dir;
   const std::string fx = make_fixtures(dir);
-  const std::vector<std::string> sets = {"job.steps=20", "eval.every=5", "precision.allow_emulated=true"};
-  std::vector<std::string> bf16 = sets;
-  bf16.push_back("precision=bf16");
-  auto result = run_lockstep(scripted_run(dir, dir.path() + "/bf16", 2, fx, "transformer.pt", "classes", bf16),
+  std::vector<std::string> bf16 = {"job.steps=20", "eval.every=5", "precision.allow_emulated=true",
+                                   "precision=bf16"};
+  auto count_evals = [](const std::string& runs) {
+    int evals = 0;
+    for (const auto& e : read_json_lines(single_run(runs) + "/events-rank0.jsonl"))
+      evals += e.value("event", "") == "eval";
+    return evals;
+  };
+  auto result = run_lockstep(scripted_run(dir, dir.path() + "/bf16", 2, fx, "bf16_eval_fails.pt", "classes", bf16),
                              dir.path(), 120);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_NE(result.output.find("Decision: eval_precision = fp32 (the dry run's evaluation forward fails under bf16"),
             std::string::npos)
       << result.output;
-  const auto manifest = read_json(single_run(dir.path() + "/bf16") + "/manifest.json");
-  EXPECT_EQ(manifest["status"], "completed");
-  int evals = 0;
-  for (const auto& e : read_json_lines(single_run(dir.path() + "/bf16") + "/events-rank0.jsonl"))
-    evals += e.value("event", "") == "eval";
-  EXPECT_EQ(evals, 4) << "evaluations at steps 5, 10, 15 and the end";
-  // In fp32 the same model trains and evaluates without that decision.
-  std::vector<std::string> fp32 = sets;
-  fp32.push_back("precision=fp32");
-  auto plain = run_lockstep(scripted_run(dir, dir.path() + "/fp32", 2, fx, "transformer.pt", "classes", fp32),
-                            dir.path(), 120);
-  ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  EXPECT_EQ(plain.output.find("eval_precision"), std::string::npos) << plain.output;
-  EXPECT_EQ(read_json(single_run(dir.path() + "/fp32") + "/manifest.json")["status"], "completed");
+  EXPECT_EQ(read_json(single_run(dir.path() + "/bf16") + "/manifest.json")["status"], "completed");
+  EXPECT_EQ(count_evals(dir.path() + "/bf16"), 4) << "evaluations at steps 5, 10, 15 and the end";
+
+  auto transformer = run_lockstep(
+      scripted_run(dir, dir.path() + "/transformer", 2, fx, "transformer.pt", "classes", bf16), dir.path(), 120);
+  ASSERT_EQ(transformer.exit_code, 0) << transformer.output;
+  EXPECT_EQ(read_json(single_run(dir.path() + "/transformer") + "/manifest.json")["status"], "completed");
+  EXPECT_EQ(count_evals(dir.path() + "/transformer"), 4);
 }
 
 TEST(ScriptedModel, ATrainingStepThatFailsInBf16IsRefusedBeforeStartNamingThePhaseAndPrecision) {
@@ -435,6 +438,36 @@ TEST(ScriptedModel, TheBuiltInCnnsModelFinalLoadsInPyTorchAndScoresAsReported) {
     EXPECT_EQ(python["samples"], 10000);
     std::printf("cnn, 30 steps, %s: lockstep %.4f, model-final.pt in PyTorch %.4f\n", precision, reported,
                 python["accuracy"].get<double>());
+  }
+}
+
+// What a lab writes in PyTorch, scripted by the PyTorch lockstep links
+// (tests/python/pytorch_models.py in .venv): torchvision's resnet18 and an
+// nn.TransformerEncoder (whose 2.x attention, aten::scaled_dot_product_attention,
+// LibTorch 1.13 did not have) train on 2 ranks, and model-final.pt scored
+// again in that PyTorch gives lockstep's accuracy.
+TEST(ScriptedModel, Resnet18AndATransformerScriptedByThisPyTorchTrainAndScoreBackAsReported) {
+  if (!fs::exists("/usr/share/datasets/fashion-mnist")) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir dir;
+  const auto made = python_tool("pytorch_models.py", dir.path() + "/models 2>&1", 300);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const auto versions = nlohmann::json::parse(made.output.substr(made.output.rfind('{')));
+  for (const char* model : {"resnet18", "transformer"}) {
+    const std::string runs = dir.path() + "/" + model;
+    auto result = run_lockstep({"run", examples_dir() + "/resnet18/job.toml", "--set", "job.run_dir=" + runs,
+                                "--set", "model.path=" + dir.path() + "/models/" + model + ".pt", "--set",
+                                "job.steps=30", "--set", "optim.warmup_steps=5", "--set", "precision=fp32"},
+                               dir.path(), 240);
+    ASSERT_EQ(result.exit_code, 0) << model << ": " << result.output;
+    const std::string run = single_run(runs);
+    const double reported = read_json(run + "/manifest.json")["metrics"]["test_accuracy"];
+    const auto scored = python_tool("score_run.py", run + " 2>&1", 300);
+    ASSERT_EQ(scored.exit_code, 0) << scored.output;
+    const auto python = nlohmann::json::parse(scored.output.substr(scored.output.rfind('{')));
+    EXPECT_NEAR(python["accuracy"].get<double>(), reported, 1e-6) << model << ": " << scored.output;
+    EXPECT_GT(reported, 0.3) << model << " after 30 steps (chance: 0.1)";
+    std::printf("%s scripted by PyTorch %s, 30 steps on 2 ranks: lockstep %.4f, model-final.pt in PyTorch %.4f\n",
+                model, versions["torch"].get<std::string>().c_str(), reported, python["accuracy"].get<double>());
   }
 }
 

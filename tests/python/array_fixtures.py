@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Array files for lockstep's data tests, written by numpy itself.
 
   good DIR   DIR/fmnist.npz (numpy.savez: uint8 images [N, 1, 28, 28] and

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Opens an HTML file in headless Chromium the way a person would, and says
 what happened, as one JSON object on stdout:
 

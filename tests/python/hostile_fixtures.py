@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Hostile data files for lockstep's robustness tests, made here so that no
 binary blob lives in the repository. Each name below is a folder (or .npz)
 under OUT that a test passes as data.train; OUT/good is the clean pair and

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Image folders for lockstep's data tests, written by PIL from Debian's
 Fashion-MNIST by the example's own writer (examples/fashion_images/prepare.py),
 laid out as torchvision's ImageFolder reads them.

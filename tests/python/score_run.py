@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Scores a run's model-final.pt in PyTorch, as a user would, on Fashion-MNIST's
 test set: torch.jit.load, the inputs normalised as lockstep normalises them,
 the same evaluation batches (rank r of W takes samples r, r + W, ... in

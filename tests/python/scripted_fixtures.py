@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Models, data and PyTorch references for lockstep's TorchScript tests.
 
   make DIR             DIR/tied.pt (a tied weight, a frozen layer, a loss
@@ -102,6 +102,23 @@ class Bf16TrainingFails(nn.Module):
         return h
 
 
+class Bf16EvaluationFails(nn.Module):
+    """Trains in bf16, but its evaluation forward insists on fp32 activations:
+    what LibTorch 1.13's fused TransformerEncoder eval path did under CPU
+    autocast ('expected scalar type BFloat16 but found Float'), kept as a
+    module of its own since LibTorch 2.x fixed that path."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if not self.training and h.dtype != torch.float32:
+            raise RuntimeError("expected scalar type Float but found BFloat16 in evaluation")
+        return h
+
+
 class FailsInLaterEvaluation(nn.Module):
     """Trains, then raises in evaluation once it has seen more than 3 training
     batches: after the dry run, at the first evaluation during training."""
@@ -159,6 +176,7 @@ def make(out):
     torch.jit.script(DictOutput()).save(os.path.join(out, "dict.pt"))
     torch.jit.script(TransformerClassifier()).save(os.path.join(out, "transformer.pt"))
     torch.jit.script(Bf16TrainingFails()).save(os.path.join(out, "bf16_train_fails.pt"))
+    torch.jit.script(Bf16EvaluationFails()).save(os.path.join(out, "bf16_eval_fails.pt"))
     torch.jit.script(FailsInLaterEvaluation()).save(os.path.join(out, "fails_in_eval.pt"))
     torch.jit.freeze(torch.jit.script(Tied()).eval()).save(os.path.join(out, "frozen.pt"))
     broken = Tied()  # an uninitialised tensor, as torch.empty can leave one

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """An independent reader of TensorBoard event files, for lockstep's tests:
 python3-protobuf with a minimal copy of TensorBoard's Event and Summary
 field numbers (tensorboard/compat/proto/event.proto, summary.proto) and

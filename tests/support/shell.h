@@ -32,9 +32,9 @@ inline ShellResult shell_output(const std::string& command, int timeout_s = 120)
   return result;
 }
 
-// `/usr/bin/python3 <repository>/tests/python/<script> <args>`, at most `timeout_s` seconds.
+// `LOCKSTEP_PYTHON <repository>/tests/python/<script> <args>`, at most `timeout_s` seconds.
 inline ShellResult python_tool(const std::string& script, const std::string& args, int timeout_s = 120) {
-  return shell_output("/usr/bin/python3 " + std::string(LOCKSTEP_SOURCE_DIR) + "/tests/python/" + script + " " + args,
+  return shell_output(LOCKSTEP_PYTHON " " + std::string(LOCKSTEP_SOURCE_DIR) + "/tests/python/" + script + " " + args,
                       timeout_s);
 }
 
