@@ -2,6 +2,7 @@
 // python3-torch (tests/python/scripted_fixtures.py), trained by real
 // lockstep processes over real Gloo, checked against PyTorch itself.
 #include <cstdio>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -419,6 +420,27 @@ TEST(ScriptedModel, AModelThatRaisesInEvaluationOnFourRanksIsReportedOnce) {
   EXPECT_NE(whole.find("Traceback of TorchScript"), std::string::npos) << whole;
 }
 
+// The test accuracy a run reported and that of its model-final.pt scored
+// again in PyTorch (tests/python/score_run.py) on all 10,000 test images;
+// NaN where either is missing (the failure is recorded).
+struct ScoredRun {
+  double reported = std::nan("");
+  double in_pytorch = std::nan("");
+};
+
+ScoredRun scored_in_pytorch(const std::string& runs) {
+  ScoredRun scored;
+  const std::string run = single_run(runs);
+  scored.reported = read_json(run + "/manifest.json")["metrics"]["test_accuracy"];
+  const auto result = python_tool("score_run.py", run + " 2>&1", 300);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  if (result.exit_code != 0) return scored;
+  const auto python = nlohmann::json::parse(result.output.substr(result.output.rfind('{')));
+  EXPECT_EQ(python["samples"], 10000) << result.output;
+  scored.in_pytorch = python["accuracy"].get<double>();
+  return scored;
+}
+
 TEST(ScriptedModel, TheBuiltInCnnsModelFinalLoadsInPyTorchAndScoresAsReported) {
   if (!fs::exists("/usr/share/datasets/fashion-mnist")) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   TempDir dir;
@@ -429,15 +451,10 @@ TEST(ScriptedModel, TheBuiltInCnnsModelFinalLoadsInPyTorchAndScoresAsReported) {
                                 std::string("precision=") + precision, "--set", "precision.allow_emulated=true"},
                                dir.path(), 180);
     ASSERT_EQ(result.exit_code, 0) << result.output;
-    const std::string run = single_run(runs);
-    const double reported = read_json(run + "/manifest.json")["metrics"]["test_accuracy"];
-    const auto scored = python_tool("score_run.py", run + " 2>&1", 300);
-    ASSERT_EQ(scored.exit_code, 0) << scored.output;
-    const auto python = nlohmann::json::parse(scored.output.substr(scored.output.rfind('{')));
-    EXPECT_NEAR(python["accuracy"].get<double>(), reported, 1e-6) << precision << ": " << scored.output;
-    EXPECT_EQ(python["samples"], 10000);
-    std::printf("cnn, 30 steps, %s: lockstep %.4f, model-final.pt in PyTorch %.4f\n", precision, reported,
-                python["accuracy"].get<double>());
+    const ScoredRun scored = scored_in_pytorch(runs);
+    EXPECT_NEAR(scored.in_pytorch, scored.reported, 1e-6) << precision;
+    std::printf("cnn, 30 steps, %s: lockstep %.4f, model-final.pt in PyTorch %.4f\n", precision, scored.reported,
+                scored.in_pytorch);
   }
 }
 
@@ -459,15 +476,11 @@ TEST(ScriptedModel, Resnet18AndATransformerScriptedByThisPyTorchTrainAndScoreBac
                                 "job.steps=30", "--set", "optim.warmup_steps=5", "--set", "precision=fp32"},
                                dir.path(), 240);
     ASSERT_EQ(result.exit_code, 0) << model << ": " << result.output;
-    const std::string run = single_run(runs);
-    const double reported = read_json(run + "/manifest.json")["metrics"]["test_accuracy"];
-    const auto scored = python_tool("score_run.py", run + " 2>&1", 300);
-    ASSERT_EQ(scored.exit_code, 0) << scored.output;
-    const auto python = nlohmann::json::parse(scored.output.substr(scored.output.rfind('{')));
-    EXPECT_NEAR(python["accuracy"].get<double>(), reported, 1e-6) << model << ": " << scored.output;
-    EXPECT_GT(reported, 0.3) << model << " after 30 steps (chance: 0.1)";
+    const ScoredRun scored = scored_in_pytorch(runs);
+    EXPECT_NEAR(scored.in_pytorch, scored.reported, 1e-6) << model;
+    EXPECT_GT(scored.reported, 0.3) << model << " after 30 steps (chance: 0.1)";
     std::printf("%s scripted by PyTorch %s, 30 steps on 2 ranks: lockstep %.4f, model-final.pt in PyTorch %.4f\n",
-                model, versions["torch"].get<std::string>().c_str(), reported, python["accuracy"].get<double>());
+                model, versions["torch"].get<std::string>().c_str(), scored.reported, scored.in_pytorch);
   }
 }
 
