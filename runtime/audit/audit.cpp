@@ -129,8 +129,8 @@ AuditResult Auditor::finish(optim::Optimizer& optimizer) {
   try {
     p.work->wait();
   } catch (const std::exception& e) {
-    throw RunError("audit at step " + std::to_string(step) + ": the all-gather on the control "
-                   "group failed on rank " + std::to_string(rank) + " (" + e.what() + ")");
+    throw CollectiveFailed("audit at step " + std::to_string(step) + ": the all-gather on the control "
+                           "group failed on rank " + std::to_string(rank) + " (" + e.what() + ")");
   }
   auto value = [&](int r, size_t i) { return p.gathered[size_t(r)].data_ptr<int64_t>()[i]; };
   const size_t count = p.names.size();

@@ -54,6 +54,14 @@ inline std::string error_line(const std::string& message) {
   return found.empty() ? first : found;
 }
 
+// A collective failed in the backend (a socket reset, a peer gone): most
+// often a peer that died, so whoever catches it waits for the coordinator's
+// verdict on the peers before blaming itself.
+class CollectiveFailed : public RunError {
+ public:
+  using RunError::RunError;
+};
+
 // A control-group barrier did not complete in time. `missing_ranks` lists
 // the ranks that never arrived.
 class BarrierTimeout : public RunError {
