@@ -210,11 +210,11 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
     heartbeat.stop();
     return reply.generation();
   } catch (const std::exception& e) {
-    const bool peer_may_be_lost = dynamic_cast<const BarrierTimeout*>(&e) || dynamic_cast<const CollectiveFailed*>(&e) ||
+    const bool peer_may_be_lost = dynamic_cast<const CollectiveFailed*>(&e) ||  // a barrier timeout too
                                   !(dynamic_cast<const RunError*>(&e) || dynamic_cast<const InputError*>(&e));
     if (peer_may_be_lost) {
-      // A LibTorch or Gloo error (raw, or named by its caller: CollectiveFailed),
-      // or a barrier a peer never reached: most often a peer that vanished.
+      // A LibTorch or Gloo error, raw or named by its caller (CollectiveFailed,
+      // a barrier a peer never reached among them): most often a peer that vanished.
       // The coordinator decides: REJOIN (the job restarts) or ABORT (ends
       // this process naming the dead rank).
       spdlog::warn("rank {}: {}; waiting up to {:g} s for the coordinator's verdict on the peers",

@@ -62,12 +62,13 @@ class CollectiveFailed : public RunError {
   using RunError::RunError;
 };
 
-// A control-group barrier did not complete in time. `missing_ranks` lists
+// A control-group barrier did not complete in time (a collective failure:
+// the ranks that never arrived may be lost). `missing_ranks` lists
 // the ranks that never arrived.
-class BarrierTimeout : public RunError {
+class BarrierTimeout : public CollectiveFailed {
  public:
   BarrierTimeout(const std::string& message, std::vector<int> missing_ranks)
-      : RunError(message), missing_ranks_(std::move(missing_ranks)) {}
+      : CollectiveFailed(message), missing_ranks_(std::move(missing_ranks)) {}
   const std::vector<int>& missing_ranks() const { return missing_ranks_; }
 
  private:

@@ -39,9 +39,7 @@ constexpr bool kTrainerPlacesOnCuda = false;
 std::string resolve_device(const JobConfig& config, int local_rank, DecisionLog& log) {
   const bool cuda_built = LOCKSTEP_HAS_CUDA;
   const bool cuda_usable = cuda_built && torch::cuda::is_available();
-  if (config.device == "gpu" && !cuda_usable)
-    throw InputError("device = gpu, but no CUDA device is visible to this process; "
-                     "use device = cpu (or auto), or check CUDA_VISIBLE_DEVICES and the driver");
+  check_devices_visible(config);  // device = gpu without a visible GPU
   if (config.device == "cpu") {
     log.record("device", "cpu", "job asked for device = cpu");
     return "cpu";
@@ -125,11 +123,9 @@ std::string resolve_precision(const JobConfig& config, const std::string& device
     log.record("precision", "fp32", "auto: " + where + " (< 8: no native bf16; fp16 is yours to ask for)");
     return "fp32";
   }
-  if (asked == "fp16")  // a CUDA build on a machine without a visible GPU
+  if (asked == "fp16")  // device = auto chose the CPU (the device decision says why)
     throw InputError("precision = fp16 runs only on CUDA (CPU autocast has bf16 only), and this rank "
-                     "trains on the CPU (" + std::string(LOCKSTEP_HAS_CUDA ? "no CUDA device is visible"
-                                                                          : "this LibTorch has no CUDA") +
-                     "); use precision = bf16, fp32 or auto");
+                     "trains on the CPU (see the device decision); use precision = bf16, fp32 or auto");
   const std::string flags = native_bf16_cpu_flags();
   if (asked == "bf16") {
     const Bf16Figures figures = cpu_bf16_figures();
@@ -272,6 +268,17 @@ BlasInfo loaded_blas() {
     if (!kind.empty()) return {"linked into LibTorch", classify_blas(kind) == "unknown" ? kind : classify_blas(kind)};
   }
   return {"", "unknown"};
+}
+
+void check_devices_visible(const JobConfig& config) {
+  if (!LOCKSTEP_HAS_CUDA || torch::cuda::is_available()) return;  // check_machine_request covers a CPU build
+  if (config.device == "gpu")
+    throw InputError("device = gpu, but no CUDA device is visible to this process (this lockstep has CUDA: "
+                     "LibTorch " LOCKSTEP_TORCH_VERSION "); use device = cpu (or auto), or check "
+                     "CUDA_VISIBLE_DEVICES and the driver");
+  if (config.precision.dtype == "fp16")
+    throw InputError("precision = fp16 runs only on CUDA (CPU autocast has bf16 only), and no CUDA "
+                     "device is visible to this process; use precision = bf16, fp32 or auto");
 }
 
 void check_machine_request(const JobConfig& config) {

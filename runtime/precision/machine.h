@@ -45,6 +45,10 @@ struct ResolvedMachine {
 // without CUDA, bf16 on a CPU that only emulates it (unless allowed).
 // Throws InputError naming the key and what is allowed.
 void check_machine_request(const JobConfig& config);
+// The devices the job asks for against those this process sees: on a CUDA
+// build, device = gpu or precision = fp16 with no CUDA device visible is
+// InputError (a CPU build's refusals are check_machine_request's).
+void check_devices_visible(const JobConfig& config);
 
 // The intra-op threads of one rank, with the reason: job.threads_per_rank
 // when set (warned when it exceeds the budget), else the usable CPUs over

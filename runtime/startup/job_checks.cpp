@@ -3,10 +3,6 @@
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
-#include <torch/cuda.h>
-
-#include "lockstep/build_config.h"
-#include "runtime/base/errors.h"
 
 #include "runtime/data/dataset.h"
 #include "runtime/model/models.h"
@@ -29,16 +25,7 @@ JobConfig checked_job(const std::string& job_file, const std::vector<std::string
   return config;
 }
 
-void check_devices_here(const JobConfig& config) {
-  if (!LOCKSTEP_HAS_CUDA || torch::cuda::is_available()) return;  // check_machine_request covers a CPU build
-  if (config.device == "gpu")
-    throw InputError("device = gpu, but no CUDA device is visible on this host (this lockstep has CUDA: "
-                     "LibTorch " LOCKSTEP_TORCH_VERSION "); use device = cpu (or auto), or check "
-                     "CUDA_VISIBLE_DEVICES and the driver");
-  if (config.precision.dtype == "fp16")
-    throw InputError("precision = fp16 runs only on CUDA (CPU autocast has bf16 only), and no CUDA "
-                     "device is visible on this host; use precision = bf16, fp32 or auto");
-}
+void check_devices_here(const JobConfig& config) { check_devices_visible(config); }
 
 void check_data_files(const DataSection& data, DataHost where) {
   // The built-in dataset's default folder is the one place a coordinator
