@@ -117,7 +117,7 @@ void Optimizer::save(torch::serialize::OutputArchive& archive) const {
   archive.write("segments", c10::IValue(int64_t(state_.size())));
   for (size_t s = 0; s < state_.size(); ++s)
     for (size_t k = 0; k < state_[s].size(); ++k)
-      archive.write("state." + std::to_string(s) + "." + std::to_string(k), state_[s][k]);
+      archive.write("state." + std::to_string(s) + "." + std::to_string(k), state_[s][k].to(at::kCPU));  // loads anywhere
 }
 
 void Optimizer::load(torch::serialize::InputArchive& archive) {
@@ -160,8 +160,8 @@ std::vector<uint8_t> Optimizer::save_to_bytes() const {
 
 void Optimizer::load_from_bytes(const std::vector<uint8_t>& bytes) {
   torch::serialize::InputArchive archive;
-  archive.load_from(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  load(archive);
+  archive.load_from(reinterpret_cast<const char*>(bytes.data()), bytes.size(), c10::Device(c10::kCPU));
+  load(archive);  // copied onto the state's device
 }
 
 std::unique_ptr<Optimizer> make_optimizer(std::vector<Segment> segments, const OptimizerSpec& spec) {

@@ -132,7 +132,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   if (world == 1) decisions.print_held(0, {decisions.held_json()});
   ResolvedMachine machine =
       resolve_machine(config, place.local_rank, place.local_world_size, options.cpu, decisions);
-  if (machine.precision != named_precision)  // precision = auto chose bf16 here: the dry run at it too
+  if (machine.precision != named_precision && machine.precision == "bf16")  // auto chose bf16 here: the dry run at it too
     model_decisions = check_model_on_data(config, registry, data, machine.precision, &eval_precision);
   if (config.data.name == "images") {
     const int workers = config.data.workers > 0
@@ -155,8 +155,32 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
       CollectiveGroup::gloo(prefixed("control/", place.store), rank, world,
                             to_ms(config.comm.barrier_timeout_s), gloo.addresses),
       to_ms(config.comm.barrier_timeout_s));
-  auto data_group = CollectiveGroup::gloo(prefixed("data/", place.store), rank, world,
-                                          to_ms(config.comm.collective_timeout_s), gloo.addresses);
+  // One kind of device and one backend for the whole job: a CPU rank's
+  // bits differ from a GPU rank's, and a data group is on one backend.
+  const c10::Device device(machine.device);
+  const auto placements = control->exchange("device-backend", std::string(device.is_cuda() ? "cuda" : "cpu") +
+                                                                  " " + machine.backend);
+  for (int r = 1; r < world; ++r)
+    if (placements[size_t(r)] != placements[0])
+      throw InputError("rank " + std::to_string(r) + " trains with " + placements[size_t(r)] +
+                       " (device, data group), rank 0 with " + placements[0] + ": every rank must "
+                       "train on the same kind of device with the same backend; set device and "
+                       "comm.backend in the job, or start at most one rank per GPU on every host");
+  std::unique_ptr<CollectiveGroup> data_group;
+  if (machine.backend == "nccl") {
+    bool blocking_wait = false;
+    data_group = CollectiveGroup::nccl(prefixed("data/", place.store), rank, world,
+                                       to_ms(config.comm.collective_timeout_s), device.index(), &blocking_wait);
+    decisions.record("nccl_wait", blocking_wait ? "blocking" : "asynchronous (TORCH_NCCL_BLOCKING_WAIT=0)",
+                     blocking_wait ? "a collective not done within comm.collective_timeout_s throws on "
+                                     "this rank, named, and the coordinator hears of it"
+                                   : "the environment turned blocking waits off: NCCL's watchdog ends "
+                                     "the process after comm.collective_timeout_s instead",
+                     /*warn=*/!blocking_wait);
+  } else {
+    data_group = CollectiveGroup::gloo(prefixed("data/", place.store), rank, world,
+                                       to_ms(config.comm.collective_timeout_s), gloo.addresses);
+  }
   // Connected: from now on a store operation (the control group's barriers
   // and exchanges) that does not finish within the barrier's timeout fails
   // the step, naming the operation.
@@ -225,6 +249,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     // Seeding, first half: the same init on every rank, checked.
     seed_everything(uint64_t(config.job.seed));
     std::shared_ptr<Model> model = registry.build(config.model);
+    if (device.is_cuda()) model->to(device);  // built on the CPU from the seed: the same init everywhere
     for (const auto& d : model_decisions) decisions.record(d.what, d.value, d.reason);
     const std::string init_digest = verify_identical_parameters(*control, *model, decisions);
     // Second half: an independent stream per rank, checked.

@@ -30,14 +30,21 @@ std::vector<NamedTensor> audited_tensors(Model& model, bool buffers) {
   return out;
 }
 
-uint64_t generator_state_hash() {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  at::Tensor state;
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    state = generator.get_state();
+// The CPU generator's state, and on a CUDA rank that of its device's
+// generator too (dropout on CUDA tensors draws from it).
+uint64_t generator_state_hash(const c10::Device& device) {
+  uint64_t hash = 0;
+  for (const c10::Device& where : {c10::Device(c10::kCPU), device}) {
+    if (where.is_cpu() && hash != 0) break;
+    at::Generator generator = at::globalContext().defaultGenerator(where);
+    at::Tensor state;
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      state = generator.get_state();
+    }
+    hash = hash * 31 + hash_bytes(state.data_ptr(), size_t(state.numel()));
   }
-  return hash_bytes(state.data_ptr(), size_t(state.numel()));
+  return hash;
 }
 
 int64_t bits_of(double x) {
@@ -107,11 +114,12 @@ void Auditor::start(int64_t step) {
   for (const auto& t : audited_tensors(model_, options_.buffers == "check")) {
     p.names.push_back(t.name);
     p.buffers.push_back(t.buffer);
-    p.digests.push_back(digest(t.tensor));  // in place: the hash reads the tensor's own memory
+    p.digests.push_back(device_digest(t.tensor));  // where it lives: 16 bytes come back from a GPU
+    p.digest_kind = kind_of_device_digest(t.tensor);
     local.push_back(int64_t(p.digests.back().high));
     local.push_back(int64_t(p.digests.back().low));
   }
-  p.rng = generator_state_hash();
+  p.rng = generator_state_hash(model_.device());
   local.push_back(int64_t(p.rng));
   p.local = torch::tensor(local, torch::kInt64);
   p.work = control_.collectives().allgather_async(p.local, p.gathered);
@@ -161,9 +169,11 @@ AuditResult Auditor::finish(optim::Optimizer& optimizer) {
           std::find_if(tensors.begin(), tensors.end(), [&](const NamedTensor& t) {
             return t.name == f.tensor;
           })->tensor;
-      at::Tensor reference = mine.detach().clone();
+      // The control group moves CPU tensors: the differing ones only come to the host.
+      const at::Tensor on_host = mine.detach().to(at::kCPU, false, /*copy=*/true);
+      at::Tensor reference = on_host.clone();
       control_.collectives().broadcast(reference, 0);
-      diffs.push_back(bits_of((mine.to(at::kDouble) - reference.to(at::kDouble)).abs().max().item<double>()));
+      diffs.push_back(bits_of((on_host.to(at::kDouble) - reference.to(at::kDouble)).abs().max().item<double>()));
     }
     auto all = control_.collectives().allgather(torch::tensor(diffs, torch::kInt64));
     for (size_t f = 0; f < result.findings.size(); ++f)
@@ -172,7 +182,8 @@ AuditResult Auditor::finish(optim::Optimizer& optimizer) {
   }
 
   nlohmann::json evidence = {{"event", "audit"}, {"step", step}, {"rank", rank},
-                             {"rng", TensorDigest{0, p.rng, 0}.hex().substr(16)}};
+                             {"rng", TensorDigest{0, p.rng, 0}.hex().substr(16)},
+                             {"digest", p.digest_kind}};
   for (size_t t = 0; t < count; ++t) {
     evidence["tensors"][p.names[t]] = p.digests[t].hex();
     evidence["sums"][p.names[t]] = p.digests[t].sum;

@@ -76,6 +76,7 @@ class Auditor {
     std::vector<bool> buffers;
     std::vector<TensorDigest> digests;
     uint64_t rng = 0;
+    std::string digest_kind = "none";  // of the digests: xxh3-128 (CPU) | lanes-128 (CUDA)
     at::Tensor local;                   // keeps the gathered input alive
     std::vector<at::Tensor> gathered;   // one per rank
     std::optional<PendingCollective> work;

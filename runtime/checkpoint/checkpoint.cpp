@@ -18,6 +18,23 @@
 namespace lockstep {
 namespace {
 
+// The state of the default generator on `device`, which must be restored for
+// the same draws after a resume (dropout on CUDA tensors draws from the GPU's).
+std::string generator_state(const c10::Device& device) {
+  at::Generator generator = at::globalContext().defaultGenerator(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  const at::Tensor state = generator.get_state();
+  return std::string(reinterpret_cast<const char*>(state.data_ptr<uint8_t>()), size_t(state.numel()));
+}
+
+void set_generator_state(const c10::Device& device, const std::string& bytes) {
+  at::Tensor state = torch::empty({int64_t(bytes.size())}, torch::kUInt8);
+  std::memcpy(state.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  at::Generator generator = at::globalContext().defaultGenerator(device);  // a handle to the default
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
 std::string archive_bytes(torch::serialize::OutputArchive& archive) {
   std::string bytes;
   archive.save_to([&](const void* data, size_t size) {
@@ -32,17 +49,16 @@ std::string archive_bytes(torch::serialize::OutputArchive& archive) {
 void write_checkpoint(const CheckpointStore& store, int64_t step, nlohmann::json meta, Model& model,
                       const optim::Optimizer& optimizer, int rank, ControlGroup& control, int keep) {
   const std::string tag = "checkpoint-" + std::to_string(step);
-  {
-    // This rank's random stream (dropout masks), byte for byte.
-    at::Tensor state = at::detail::getDefaultCPUGenerator().get_state();
-    store.write_file(step, "rng-rank" + std::to_string(rank) + ".bin",
-                     std::string(reinterpret_cast<const char*>(state.data_ptr<uint8_t>()),
-                                 size_t(state.numel())));
-  }
+  // This rank's random stream (dropout masks), byte for byte; on a GPU its
+  // device's stream too.
+  store.write_file(step, "rng-rank" + std::to_string(rank) + ".bin", generator_state(c10::kCPU));
+  if (model.device().is_cuda())
+    store.write_file(step, "rng-cuda-rank" + std::to_string(rank) + ".bin", generator_state(model.device()));
   if (rank == 0) {
+    // On the host whatever the device: a checkpoint resumes on a CPU or a GPU.
     torch::serialize::OutputArchive tensors;
-    for (const auto& [name, tensor] : model.parameters()) tensors.write(name, tensor);
-    for (const auto& [name, tensor] : model.buffers()) tensors.write(name, tensor, true);
+    for (const auto& [name, tensor] : model.parameters()) tensors.write(name, tensor.to(at::kCPU));
+    for (const auto& [name, tensor] : model.buffers()) tensors.write(name, tensor.to(at::kCPU), true);
     store.write_file(step, "model.pt", archive_bytes(tensors));
     const std::vector<uint8_t> state = optimizer.save_to_bytes();
     store.write_file(step, "optimizer.bin", std::string(state.begin(), state.end()));
@@ -125,7 +141,7 @@ void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found,
   {
     const std::string bytes = store.read_file(found, "model.pt");
     torch::serialize::InputArchive archive;
-    archive.load_from(bytes.data(), bytes.size());
+    archive.load_from(bytes.data(), bytes.size(), c10::Device(c10::kCPU));
     torch::NoGradGuard no_grad;
     auto load = [&](const std::string& name, at::Tensor target, bool buffer) {
       at::Tensor saved;
@@ -134,7 +150,7 @@ void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found,
       if (!saved.sizes().equals(target.sizes()))
         throw RunError(where + ": " + name + " has shape " + c10::str(saved.sizes()) +
                        ", this model " + c10::str(target.sizes()));
-      target.copy_(saved);
+      target.copy_(saved);  // onto the model's device
     };
     for (const auto& [name, tensor] : model.parameters()) load(name, tensor, false);
     for (const auto& [name, tensor] : model.buffers()) load(name, tensor, true);
@@ -143,15 +159,11 @@ void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found,
     const std::string bytes = store.read_file(found, "optimizer.bin");
     optimizer.load_from_bytes(std::vector<uint8_t>(bytes.begin(), bytes.end()));
   }
-  {
-    const std::string name = "rng-rank" + std::to_string(rank) + ".bin";
-    const std::string bytes = store.read_file(found, name);
-    at::Tensor state = torch::empty({int64_t(bytes.size())}, torch::kUInt8);
-    std::memcpy(state.data_ptr<uint8_t>(), bytes.data(), bytes.size());
-    at::Generator generator = at::detail::getDefaultCPUGenerator();  // a handle to the default
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(state);
-  }
+  set_generator_state(c10::kCPU, store.read_file(found, "rng-rank" + std::to_string(rank) + ".bin"));
+  // The GPU's stream when the checkpoint was written on one and this rank
+  // trains on one (the trainer's checkpoint_device decision says the rest).
+  if (model.device().is_cuda() && found.meta.value("device", std::string("cpu")).rfind("cuda", 0) == 0)
+    set_generator_state(model.device(), store.read_file(found, "rng-cuda-rank" + std::to_string(rank) + ".bin"));
   const std::string digest = combined_hex(model_digests(model, true));
   if (digest != found.meta.value("param_digest", ""))
     throw RunError(where + ": the parameters loaded on rank " + std::to_string(rank) +

@@ -4,6 +4,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
+#ifdef USE_C10D_NCCL
+#include <cstdlib>
+#include <cstring>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 namespace lockstep {
 
@@ -62,6 +68,29 @@ std::unique_ptr<CollectiveGroup> CollectiveGroup::gloo(const StorePtr& store, in
   auto impl = std::make_unique<Impl>();
   impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
   return std::unique_ptr<CollectiveGroup>(new CollectiveGroup(std::move(impl)));
+}
+
+std::unique_ptr<CollectiveGroup> CollectiveGroup::nccl(const StorePtr& store, int rank, int size,
+                                                       std::chrono::milliseconds timeout, int device_index,
+                                                       bool* blocking_wait) {
+#ifdef USE_C10D_NCCL
+  // Read when the group is made: wait() then blocks the host until the
+  // collective is done or its timeout passed, and throws on this rank.
+  const char* user = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
+  if (!user) ::setenv("TORCH_NCCL_BLOCKING_WAIT", "1", 0);
+  const char* now = std::getenv("TORCH_NCCL_BLOCKING_WAIT");
+  if (blocking_wait) *blocking_wait = now && std::strcmp(now, "0") != 0;
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  group->setBoundDeviceId(c10::Device(c10::kCUDA, c10::DeviceIndex(device_index)));
+  auto impl = std::make_unique<Impl>();
+  impl->group = group;
+  return std::unique_ptr<CollectiveGroup>(new CollectiveGroup(std::move(impl)));
+#else
+  (void)store, (void)rank, (void)size, (void)timeout, (void)device_index, (void)blocking_wait;
+  throw std::logic_error("CollectiveGroup::nccl: this lockstep is built without NCCL");
+#endif
 }
 
 int CollectiveGroup::rank() const { return impl_->group->getRank(); }

@@ -51,6 +51,15 @@ class CollectiveGroup {
   static std::unique_ptr<CollectiveGroup> gloo(const StorePtr& store, int rank, int size,
                                                std::chrono::milliseconds timeout,
                                                const std::vector<std::string>& addresses);
+  // An NCCL group on `store` for this process's GPU `device_index` (CUDA
+  // tensors only). `timeout` bounds every collective: with blocking waits
+  // (TORCH_NCCL_BLOCKING_WAIT=1, set unless the environment says otherwise)
+  // a collective that does not finish in time throws from wait() on this
+  // rank rather than hanging or aborting the process. `blocking_wait` says
+  // which happened. Throws std::logic_error in a build without NCCL.
+  static std::unique_ptr<CollectiveGroup> nccl(const StorePtr& store, int rank, int size,
+                                               std::chrono::milliseconds timeout, int device_index,
+                                               bool* blocking_wait);
   ~CollectiveGroup();
 
   int rank() const;

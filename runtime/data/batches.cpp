@@ -8,9 +8,10 @@
 namespace lockstep {
 
 BatchStream::BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed,
-                         int64_t batch_size, int prefetch, int64_t skip, const Augmenter* augmenter)
+                         int64_t batch_size, int prefetch, int64_t skip, const Augmenter* augmenter,
+                         bool pin_memory)
     : data_(data), sampler_(data.size(), rank, world_size, seed), batch_size_(batch_size),
-      augmenter_(augmenter), next_index_(skip), prefetch_(prefetch) {
+      augmenter_(augmenter), next_index_(skip), prefetch_(prefetch), pin_memory_(pin_memory) {
   start_epoch(skip / batches_per_epoch());
   position_ = (skip % batches_per_epoch()) * batch_size_;
   if (prefetch_ > 0) producer_ = std::thread([this] { produce(); });
@@ -75,7 +76,9 @@ Batch BatchStream::assemble() {
   at::Tensor inputs = data_.input_rows(rows, &unreadable);
   if (augmenter_ && augmenter_->active()) inputs = augmenter_->apply(inputs, next_index_);
   ++next_index_;
-  return Batch{inputs, data_.target_rows(rows, unreadable), epoch_};
+  at::Tensor targets = data_.target_rows(rows, unreadable);
+  if (pin_memory_) return Batch{inputs.pin_memory(), targets.pin_memory(), epoch_};
+  return Batch{inputs, targets, epoch_};
 }
 
 }  // namespace lockstep

@@ -29,8 +29,11 @@ class BatchStream {
  public:
   // `skip` batches are passed over first (resuming where a checkpoint left).
   // `augmenter` (may be null) changes each batch's inputs by its index in this stream.
+  // `pin_memory`: batches come in page-locked host memory, ready for an
+  // asynchronous copy to a GPU (pinned on the background thread when there is one).
   BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed, int64_t batch_size,
-              int prefetch = 0, int64_t skip = 0, const Augmenter* augmenter = nullptr);
+              int prefetch = 0, int64_t skip = 0, const Augmenter* augmenter = nullptr,
+              bool pin_memory = false);
   ~BatchStream();
   BatchStream(const BatchStream&) = delete;
   BatchStream& operator=(const BatchStream&) = delete;
@@ -55,6 +58,7 @@ class BatchStream {
   int64_t next_index_ = 0;  // of the next batch assembled, in this rank's stream
 
   const int prefetch_;
+  const bool pin_memory_;
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Batch> ready_;        // guarded by mutex_

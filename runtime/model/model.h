@@ -36,6 +36,9 @@ class Model {
   virtual bool is_training() const = 0;
   // Where its parameters live; inputs and targets are moved there.
   c10::Device device() const;
+  // Moves parameters and buffers to `device` in place: the tensors that
+  // parameters() and buffers() returned before see the new memory.
+  virtual void to(const c10::Device& device) = 0;
 
   // precision.fp32_modules: these submodules run with autocast off. Throws
   // InputError naming a module the model lacks, or why it cannot be honoured.
@@ -50,7 +53,8 @@ class Model {
   virtual bool has_own_loss() const { return false; }
   virtual at::Tensor own_loss(const at::Tensor& output, const at::Tensor& target);
 
-  // The trained model as the bytes of model-final.pt.
+  // The trained model as the bytes of model-final.pt, its tensors on the
+  // CPU whatever device it trains on (a file any machine can load).
   virtual std::string saved_bytes() = 0;
   // Choices made while loading and on the first forward (tied weights,
   // frozen parameters, the output element), for the decision log.
@@ -59,9 +63,12 @@ class Model {
   virtual std::string description() const = 0;
 };
 
-// The model's output for `input` in fp32: under CPU autocast to `autocast`
-// (at::kBFloat16) unless it is at::kFloat.
+// The model's output for `input` in fp32: under autocast to `autocast`
+// (at::kBFloat16, or at::kHalf on CUDA) on the input's device, unless it
+// is at::kFloat.
 at::Tensor forward_output(Model& model, const at::Tensor& input, at::ScalarType autocast);
+// The autocast dtype of a resolved precision: fp32 | bf16 | fp16.
+at::ScalarType autocast_dtype(const std::string& precision);
 
 // Runs `call` (the model's forward, loss or backward). What it raises
 // becomes a ModelFailure whose line is "<where> (precision <precision>)

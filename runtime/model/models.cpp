@@ -108,37 +108,42 @@ class DeepNarrowMlp : public NativeModule {
   nn::Linear head_{nullptr};
 };
 
-// Autocast off for one child, restored on the way out (also on a throw).
+// Autocast off for one child on the CPU and CUDA, restored on the way out
+// (also on a throw).
 class AutocastOff {
  public:
-  AutocastOff() : cpu_(at::autocast::is_cpu_enabled()), gpu_(at::autocast::is_enabled()) {
-    at::autocast::set_cpu_enabled(false);
-    at::autocast::set_enabled(false);
+  AutocastOff()
+      : cpu_(at::autocast::is_autocast_enabled(at::kCPU)), cuda_(at::autocast::is_autocast_enabled(at::kCUDA)) {
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
   }
   ~AutocastOff() {
-    at::autocast::set_cpu_enabled(cpu_);
-    at::autocast::set_enabled(gpu_);
+    at::autocast::set_autocast_enabled(at::kCPU, cpu_);
+    at::autocast::set_autocast_enabled(at::kCUDA, cuda_);
   }
 
  private:
-  bool cpu_, gpu_;
+  bool cpu_, cuda_;
 };
 
-// CPU autocast to `dtype` for one forward; the cast cache is dropped after.
-class CpuAutocast {
+// Autocast to `dtype` on `device` (the CPU or CUDA) for one forward; the
+// cast cache is dropped after.
+class Autocast {
  public:
-  explicit CpuAutocast(at::ScalarType dtype) : previous_(at::autocast::get_autocast_cpu_dtype()) {
-    at::autocast::set_autocast_cpu_dtype(dtype);
-    at::autocast::set_cpu_enabled(true);
+  Autocast(c10::DeviceType device, at::ScalarType dtype)
+      : device_(device), previous_(at::autocast::get_autocast_dtype(device)) {
+    at::autocast::set_autocast_dtype(device_, dtype);
+    at::autocast::set_autocast_enabled(device_, true);
     at::autocast::increment_nesting();
   }
-  ~CpuAutocast() {
+  ~Autocast() {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(false);
-    at::autocast::set_autocast_cpu_dtype(previous_);
+    at::autocast::set_autocast_enabled(device_, false);
+    at::autocast::set_autocast_dtype(device_, previous_);
   }
 
  private:
+  c10::DeviceType device_;
   at::ScalarType previous_;
 };
 
@@ -176,7 +181,7 @@ at::Tensor forward_output(Model& model, const at::Tensor& input, at::ScalarType 
   if (autocast == at::kFloat) return model.forward(input);
   at::Tensor output;
   {
-    CpuAutocast scope(autocast);
+    Autocast scope(input.device().type(), autocast);
     output = model.forward(input);
   }
   return output.to(at::kFloat);  // the loss in fp32
@@ -195,6 +200,12 @@ void run_model_call(const std::string& where, const std::string& precision, cons
                                    error_line(e.what())),
                        e.what());
   }
+}
+
+at::ScalarType autocast_dtype(const std::string& precision) {
+  if (precision == "bf16") return at::kBFloat16;
+  if (precision == "fp16") return at::kHalf;
+  return at::kFloat;
 }
 
 c10::Device Model::device() const {
@@ -252,9 +263,9 @@ class NativeModel : public Model {
     for (const auto& child : module_->named_children()) {
       torch::jit::Module sub = with_training(name_ + "_" + child.key());
       for (const auto& p : child.value()->named_parameters(/*recurse=*/false))
-        sub.register_parameter(p.key(), p.value().detach().clone(), /*is_buffer=*/false);
+        sub.register_parameter(p.key(), p.value().detach().to(at::kCPU, false, /*copy=*/true), /*is_buffer=*/false);
       for (const auto& b : child.value()->named_buffers(/*recurse=*/false))
-        sub.register_buffer(b.key(), b.value().detach().clone());
+        sub.register_buffer(b.key(), b.value().detach().to(at::kCPU, false, /*copy=*/true));
       top.register_module(child.key(), sub);
     }
     if (const std::string source = module_->torchscript_forward(); !source.empty())
@@ -268,6 +279,7 @@ class NativeModel : public Model {
     return bytes.str();
   }
   std::string description() const override { return "the built-in " + name_; }
+  void to(const c10::Device& device) override { module_->to(device); }
 
   std::shared_ptr<NativeModule> module() const { return module_; }
 

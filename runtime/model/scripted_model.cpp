@@ -131,8 +131,16 @@ class ScriptedModel : public Model {
   std::string saved_bytes() override {
     std::ostringstream bytes;
     module_.save(bytes);
-    return bytes.str();
+    if (device().is_cpu()) return bytes.str();
+    // Trained on CUDA: read back onto the CPU and saved again, so the file
+    // loads on a machine without a GPU.
+    std::istringstream saved(bytes.str());
+    torch::jit::Module on_cpu = torch::jit::load(saved, torch::kCPU);
+    std::ostringstream cpu_bytes;
+    on_cpu.save(cpu_bytes);
+    return cpu_bytes.str();
   }
+  void to(const c10::Device& device) override { module_.to(device); }
   std::string description() const override { return "the TorchScript module in " + path_; }
   std::vector<Decision> decisions() const override { return decisions_; }
 

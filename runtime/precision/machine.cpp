@@ -17,6 +17,9 @@
 #include <torch/cuda.h>
 
 #include "lockstep/build_config.h"
+#if LOCKSTEP_HAS_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 #include "runtime/base/errors.h"
 #include "runtime/precision/probe.h"
 
@@ -32,11 +35,13 @@ std::string classify_blas(const std::string& path) {
   return "unknown";
 }
 
-// True once the trainer moves the model, batches and gradient buffers to a
-// CUDA device (with the NCCL data group).
-constexpr bool kTrainerPlacesOnCuda = false;
+// How many local ranks share each GPU when `local_world_size` ranks on
+// this host split `gpus` visible ones (1: a GPU each).
+int ranks_per_gpu(int local_world_size, int gpus) {
+  return gpus > 0 ? (std::max(1, local_world_size) + gpus - 1) / gpus : 1;
+}
 
-std::string resolve_device(const JobConfig& config, int local_rank, DecisionLog& log) {
+std::string resolve_device(const JobConfig& config, int local_rank, int local_world_size, DecisionLog& log) {
   const bool cuda_built = LOCKSTEP_HAS_CUDA;
   const bool cuda_usable = cuda_built && torch::cuda::is_available();
   check_devices_visible(config);  // device = gpu without a visible GPU
@@ -44,31 +49,69 @@ std::string resolve_device(const JobConfig& config, int local_rank, DecisionLog&
     log.record("device", "cpu", "job asked for device = cpu");
     return "cpu";
   }
-  // The trainer places models, batches and the reducer's buffers on the
-  // CPU only so far: a CUDA device is refused (gpu) or passed over (auto)
-  // with that reason, never used in name only.
-  if (cuda_usable && !kTrainerPlacesOnCuda) {
-    if (config.device == "gpu")
-      throw InputError("device = gpu: this machine has " +
-                       std::to_string(torch::cuda::device_count()) + " CUDA device(s), but "
-                       "lockstep's trainer does not place a model on CUDA yet (the CUDA training "
-                       "path and the NCCL data group are not built); use device = cpu or auto");
-    log.record("device", "cpu", "device = auto: CUDA is visible, but lockstep's trainer does not "
-               "place a model on CUDA yet, so this rank trains on the CPU", /*warn=*/true);
-    return "cpu";
-  }
   if (cuda_usable) {
-    int index = local_rank % int(torch::cuda::device_count());
-    std::string device = "cuda:" + std::to_string(index);
+    const int gpus = int(torch::cuda::device_count());
+    const int index = local_rank % gpus;
+    const std::string device = "cuda:" + std::to_string(index);
+#if LOCKSTEP_HAS_CUDA
+    c10::cuda::set_device(c10::DeviceIndex(index));  // this process's allocations and NCCL's communicator
+#endif
+    const int sharing = ranks_per_gpu(local_world_size, gpus);
     log.record("device", device,
-               "device = " + config.device + ", CUDA available; local rank " +
-                   std::to_string(local_rank) + " takes GPU " + std::to_string(index));
+               "device = " + config.device + ": " + std::to_string(gpus) + " CUDA device(s) visible, " +
+                   std::to_string(local_world_size) + " rank(s) on this host; LOCAL_RANK " +
+                   std::to_string(local_rank) + " takes GPU " + std::to_string(index) +
+                   (sharing > 1 ? " (" + std::to_string(sharing) + " ranks share each GPU: they "
+                                  "take turns on it, and NCCL cannot serve them)"
+                                : ""),
+               /*warn=*/sharing > 1);
     return device;
   }
   log.record("device", "cpu",
              cuda_built ? "device = auto and no CUDA device is visible"
                         : "device = auto and this build's LibTorch has no CUDA");
   return "cpu";
+}
+
+// The data group's backend for a rank on `device`: NCCL for a GPU of its
+// own, Gloo on the CPU and where ranks share a GPU (NCCL refuses two ranks
+// of one communicator on one device; Gloo reduces CUDA tensors through the host).
+std::string resolve_backend(const JobConfig& config, const std::string& device, int local_world_size,
+                            DecisionLog& log) {
+  const std::string& asked = config.comm.backend;
+  if (device == "cpu") {
+    if (asked == "nccl")
+      throw InputError("comm.backend = nccl reduces CUDA tensors only, and this rank trains on the "
+                       "CPU (see the device decision); use comm.backend = gloo or auto, or device = gpu "
+                       "on a machine with a GPU");
+    log.record("comm.backend", "gloo",
+               asked == "gloo" ? "job asked for gloo"
+                               : "auto: this rank trains on the CPU, and Gloo serves CPU tensors");
+    return "gloo";
+  }
+  const int gpus = LOCKSTEP_HAS_CUDA ? int(torch::cuda::device_count()) : 0;
+  const int sharing = ranks_per_gpu(local_world_size, gpus);
+  if (sharing > 1) {
+    const std::string why = std::to_string(local_world_size) + " ranks on this host share " +
+                            std::to_string(gpus) + " GPU(s), and NCCL refuses two ranks of one "
+                            "communicator on the same device";
+    if (asked == "nccl")
+      throw InputError("comm.backend = nccl, but " + why + "; use comm.backend = gloo or auto (Gloo "
+                       "reduces the CUDA tensors through host memory), or start at most one rank per GPU");
+    log.record("comm.backend", "gloo",
+               (asked == "gloo" ? std::string("job asked for gloo") : "auto: " + why) +
+                   "; Gloo all-reduces the CUDA gradients through host memory", /*warn=*/asked != "gloo");
+    return "gloo";
+  }
+  if (asked == "gloo") {
+    log.record("comm.backend", "gloo", "job asked for gloo: CUDA gradients go through host memory "
+               "(NCCL would keep them on the GPUs)", /*warn=*/true);
+    return "gloo";
+  }
+  log.record("comm.backend", "nccl",
+             (asked == "nccl" ? "job asked for nccl" : "auto: this rank has " + device + " to itself") +
+                 "; the control group stays on Gloo with CPU tensors");
+  return "nccl";
 }
 
 std::string ratio_text(const std::optional<double>& ratio) {
@@ -277,8 +320,11 @@ void check_devices_visible(const JobConfig& config) {
                      "LibTorch " LOCKSTEP_TORCH_VERSION "); use device = cpu (or auto), or check "
                      "CUDA_VISIBLE_DEVICES and the driver");
   if (config.precision.dtype == "fp16")
-    throw InputError("precision = fp16 runs only on CUDA (CPU autocast has bf16 only), and no CUDA "
+    throw InputError("precision = fp16 runs only on CUDA (with the gradient scaler), and no CUDA "
                      "device is visible to this process; use precision = bf16, fp32 or auto");
+  if (config.comm.backend == "nccl")
+    throw InputError("comm.backend = nccl reduces CUDA tensors only, and no CUDA device is visible "
+                     "to this process; use comm.backend = gloo or auto");
 }
 
 void check_machine_request(const JobConfig& config) {
@@ -286,14 +332,13 @@ void check_machine_request(const JobConfig& config) {
     throw InputError(
         "device = gpu, but this lockstep is built against a LibTorch without CUDA; "
         "use device = cpu (or auto), or rebuild against a CUDA LibTorch");
-  if (config.comm.backend == "nccl")
-    throw InputError(LOCKSTEP_HAS_CUDA
-                         ? "comm.backend = nccl: this lockstep's LibTorch has NCCL, but its trainer does not "
-                           "place models on CUDA yet, and NCCL reduces CUDA tensors only; use "
-                           "comm.backend = gloo or auto"
-                         : "comm.backend = nccl, but the NCCL data group is not compiled into this "
-                           "lockstep (built against a LibTorch without NCCL); use comm.backend = gloo "
-                           "or auto");
+  if (config.comm.backend == "nccl" && !LOCKSTEP_HAS_CUDA)
+    throw InputError("comm.backend = nccl, but the NCCL data group is not compiled into this "
+                     "lockstep (built against a LibTorch without CUDA and NCCL); use comm.backend = "
+                     "gloo or auto");
+  if (config.comm.backend == "nccl" && config.device == "cpu")
+    throw InputError("comm.backend = nccl reduces CUDA tensors only, and the job asks for device = "
+                     "cpu; use comm.backend = gloo or auto");
   const std::string& dtype = config.precision.dtype;
   if (dtype == "fp16" && !LOCKSTEP_HAS_CUDA)
     throw InputError("precision = fp16 runs only on CUDA (LibTorch 1.13's CPU autocast has bf16 "
@@ -314,14 +359,8 @@ ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int loc
                                 const CpuBudget& budget, DecisionLog& log) {
   check_machine_request(config);
   ResolvedMachine machine;
-  machine.device = resolve_device(config, local_rank, log);
-  machine.backend = "gloo";
-  log.record("comm.backend", "gloo",
-             config.comm.backend == "gloo" ? "job asked for gloo"
-             : LOCKSTEP_HAS_CUDA           ? "auto: this rank trains on " + machine.device +
-                                       ", and Gloo serves CPU tensors (NCCL reduces CUDA tensors only)"
-                                           : "auto: the NCCL data group is not compiled in, Gloo "
-                                             "serves " + machine.device + " tensors");
+  machine.device = resolve_device(config, local_rank, local_world_size, log);
+  machine.backend = resolve_backend(config, machine.device, local_world_size, log);
 
   machine.precision = resolve_precision(config, machine.device, log);
 

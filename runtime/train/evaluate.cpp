@@ -28,7 +28,7 @@ EvalResult evaluate(Model& model, const Objective& objective, const Dataset& tes
     const at::Tensor targets = test.target_rows(rows, unreadable).to(model.device());
     std::vector<double> batch;
     run_model_call(where, precision, model, [&] {
-      batch = objective.metric_sums(forward_output(model, inputs, precision == "bf16" ? at::kBFloat16 : at::kFloat),
+      batch = objective.metric_sums(forward_output(model, inputs, autocast_dtype(precision)),
                                     targets);
     });
     if (sums.empty()) sums.assign(batch.size(), 0.0);
@@ -38,13 +38,14 @@ EvalResult evaluate(Model& model, const Objective& objective, const Dataset& tes
   // its sums are learned from a forward of one sample, then zeroed.
   if (sums.empty()) {
     at::Tensor output = forward_output(model, test.input_rows(torch::zeros({1}, torch::kLong)).to(model.device()),
-                                       precision == "bf16" ? at::kBFloat16 : at::kFloat);
+                                       autocast_dtype(precision));
     sums.assign(objective.metric_sums(output, test.targets.narrow(0, 0, 1).to(model.device())).size(), 0.0);
   }
   model.train(was_training);
-  std::vector<at::Tensor> totals{torch::tensor(sums, torch::kDouble)};
+  // On the model's device: NCCL reduces CUDA tensors only.
+  std::vector<at::Tensor> totals{torch::tensor(sums, torch::kDouble).to(model.device())};
   group.allreduce_sum(totals).wait();
-  const at::Tensor all = totals[0];
+  const at::Tensor all = totals[0].cpu();
   for (size_t i = 0; i < sums.size(); ++i) sums[i] = all[int64_t(i)].item<double>();
   EvalResult result;
   result.samples = test.size();

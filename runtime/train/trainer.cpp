@@ -14,6 +14,7 @@
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "runtime/train/buffer_policy.h"
+#include "runtime/train/device_feed.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/augment.h"
 #include "runtime/base/errors.h"
@@ -77,6 +78,8 @@ class StepLoop {
   void start_audit(int64_t done);
   void finish_audit();
   void checkpoint_after(int64_t done, double lr);
+  // Says where the resumed checkpoint was written and where it continues.
+  void record_checkpoint_device(const std::string& written_on);
   TrainingResult finish();
   TrainingResult stopped();
 
@@ -96,6 +99,7 @@ class StepLoop {
   int64_t log_every_ = 1;          // job.log_every, or about a tenth of a short run
   std::optional<Augmenter> augmenter_;  // before batches_: the stream uses it
   std::optional<BatchStream> batches_;
+  std::optional<DeviceFeed> feed_;  // batches_ on device_
   int64_t steps_ = 0;
   optim::ScheduleSpec schedule_;
   at::ScalarType autocast_ = at::kFloat;
@@ -115,7 +119,7 @@ StepLoop::StepLoop(TrainerParts& parts)
     : parts_(parts), config_(parts.config), model_(*parts.model), parameters_(model_.parameters()),
       objective_(make_objective(config_.loss, model_)),
       reducer_(parameters_, parts.data_group, reducer_options(config_.comm)),
-      checkpoints_(parts.checkpoint_dir) {
+      checkpoints_(parts.checkpoint_dir), device_(parts.model->device()) {
   const JobConfig& config = config_;
   parts_.decisions.record("gradient_buckets", std::to_string(reducer_.bucket_count()),
                           "comm.bucket_mb = " + fmt::format("{:g}", config.comm.bucket_mb) +
@@ -131,6 +135,7 @@ StepLoop::StepLoop(TrainerParts& parts)
   optimizer_ = optim::make_optimizer({{flat_params, flat_grads}}, optimizer_spec(config.optim));
   if (parts_.resume) {
     load_checkpoint(checkpoints_, *parts_.resume, model_, *optimizer_, parts_.rank);
+    record_checkpoint_device(parts_.resume->meta.value("device", std::string("cpu")));
     first_step_ = parts_.resume->step;
     microbatches_done_ = parts_.resume->meta.value("microbatches_done", int64_t(0));
     last_epoch_ = parts_.resume->meta.value("epoch", int64_t(0));
@@ -156,7 +161,14 @@ StepLoop::StepLoop(TrainerParts& parts)
                          {"draws_hash", fmt::format("{:016x}", first)}});
   }
   batches_.emplace(parts_.data.train, parts_.rank, parts_.world_size, uint64_t(config.job.seed),
-                   config.data.batch_size, int(config.data.prefetch), microbatches_done_, &*augmenter_);
+                   config.data.batch_size, int(config.data.prefetch), microbatches_done_, &*augmenter_,
+                   /*pin_memory=*/device_.is_cuda());
+  feed_.emplace(*batches_, device_);
+  if (device_.is_cuda())
+    parts_.decisions.record("batch_copies", "pinned, one batch ahead on a copy stream",
+                            "this rank trains on " + device_.str() + ": batches are pinned in host "
+                            "memory as they are assembled, and the next one's host-to-device copy "
+                            "overlaps the current step's compute");
   steps_ = total_steps(config, batches_->batches_per_epoch());
   if (parts_.observer) parts_.observer->on_total_steps(steps_);
   if (parts_.resume && first_step_ > steps_)
@@ -174,8 +186,7 @@ StepLoop::StepLoop(TrainerParts& parts)
                  config.train.accum_steps, parts_.world_size);
 
   // Precision: autocast for the forward, fp32 children, the overflow finder.
-  autocast_ = parts_.precision == "bf16" ? at::kBFloat16 : at::kFloat;
-  device_ = model_.device();
+  autocast_ = autocast_dtype(parts_.precision);
   model_.set_fp32_modules(split_names(config.precision.fp32_modules));
   model_.set_overflow_check(config.precision.check_overflow);
   const bool scaler_on = config.precision.scaler == "on" ||
@@ -274,14 +285,14 @@ double StepLoop::accumulate_gradients(int64_t step) {
     Batch batch;
     {
       auto scope = timer.measure(Phase::kData);
-      batch = batches_->next();
+      batch = feed_->next();
     }
     ++microbatches_done_;
     last_epoch_ = batch.epoch;
     auto scope = timer.measure(Phase::kForwardBackward);
     MaskedLoss loss;
     model_call("training forward", step + 1, [&] {
-      loss = objective_->loss(forward_output(model_, batch.inputs.to(device_), autocast_), batch.targets.to(device_));
+      loss = objective_->loss(forward_output(model_, batch.inputs, autocast_), batch.targets);
     });
     if (const std::string overflow = model_.take_overflow(); !overflow.empty()) {
       ++result_.overflows;
@@ -467,7 +478,8 @@ void StepLoop::checkpoint_after(int64_t done, double lr) {
                          {"seed", config_.job.seed},
                          {"batch_size", config_.data.batch_size},
                          {"accum_steps", config_.train.accum_steps},
-                         {"optimizer", config_.optim.name}};
+                         {"optimizer", config_.optim.name},
+                         {"device", device_.str()}};
   meta["settings"] = effective_settings(config_);
   std::string joined;
   for (const auto& setting : meta["settings"]) joined += setting.get<std::string>() + "\n";
@@ -478,6 +490,20 @@ void StepLoop::checkpoint_after(int64_t done, double lr) {
   ++result_.checkpoints;
   result_.last_checkpoint = done;
   parts_.events.write({{"event", "checkpoint"}, {"step", done}, {"folder", checkpoints_.step_folder(done)}});
+}
+
+void StepLoop::record_checkpoint_device(const std::string& written_on) {
+  const std::string here = device_.str();
+  const bool same_kind = (written_on.rfind("cuda", 0) == 0) == device_.is_cuda();
+  parts_.decisions.record(
+      "checkpoint_device", written_on + " -> " + here,
+      same_kind ? "tensors are saved on the host and loaded onto this rank's device; the random "
+                  "streams continue where they stopped"
+                : "a checkpoint is device-independent (tensors saved on the host): parameters, "
+                  "buffers and optimizer state continue exactly, but " + here + " computes other "
+                  "bits than " + written_on + " and draws dropout from another generator, so the "
+                  "run continues, not bit-identical to one that stayed on " + written_on,
+      /*warn=*/!same_kind);
 }
 
 // Stopped on request: no final evaluation, the run is not over.

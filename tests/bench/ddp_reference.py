@@ -6,6 +6,11 @@ The same models (mlp, cnn, deep_mlp), PyTorch's default initialisation
 threads per rank, Gloo, N ranks on this machine, synthetic data in memory,
 SGD with momentum. Prints one JSON object: step time over the timed steps.
 Run with the project's torch: .venv/bin/python3 ddp_reference.py --model cnn
+On a GPU (--device cuda): every rank on GPU LOCAL_RANK % count, batches
+copied from pinned host memory (as a DataLoader with pin_memory does),
+autocast to --precision, NCCL or Gloo (--backend; two ranks on one GPU
+need Gloo), and a synchronize before each step's clock stops, so the time
+is the GPU's work and not the launch.
 """
 import argparse
 import json
@@ -63,14 +68,24 @@ class DeepNarrowMlp(nn.Module):
 MODELS = {"mlp": Mlp, "cnn": Cnn, "deep_mlp": DeepNarrowMlp}
 
 
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def rank_main(rank, args, port, results):
     torch.set_num_threads(args.threads)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend, rank=rank, world_size=args.ranks)
     torch.manual_seed(args.seed)
-    model = nn.parallel.DistributedDataParallel(MODELS[args.model](), bucket_cap_mb=25)
+    model = MODELS[args.model]().to(device)
+    model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None,
+                                                bucket_cap_mb=25)
     torch.manual_seed(args.seed + rank)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda") if args.precision == "fp16" else None
     images = torch.randn(args.batch * 8, 1, 28, 28)
     labels = torch.randint(0, 10, (args.batch * 8,))
     times = []
@@ -79,9 +94,22 @@ def rank_main(rank, args, port, results):
         start = time.perf_counter()
         rows = torch.randint(0, images.shape[0], (args.batch,))
         x, y = images[rows], labels[rows]
+        if cuda:
+            x = x.pin_memory().to(device, non_blocking=True)
+            y = y.pin_memory().to(device, non_blocking=True)
         optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        optimizer.step()
+        with torch.autocast(device.type, dtype=DTYPES[args.precision] or torch.float32,
+                            enabled=DTYPES[args.precision] is not None):
+            loss = F.cross_entropy(model(x).float(), y)
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        if cuda:
+            torch.cuda.synchronize(device)
         if step == 0:
             first_step = time.time()
         if step >= args.warmup:
@@ -100,6 +128,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    parser.add_argument("--precision", choices=sorted(DTYPES), default="fp32")
     args = parser.parse_args()
     with socket.socket() as probe:  # a free port
         probe.bind(("127.0.0.1", 0))
@@ -110,6 +141,7 @@ def main():
     median, first_step = results.get()
     print(json.dumps({"peer": "pytorch-ddp", "torch": torch.__version__, "model": args.model,
                       "ranks": args.ranks, "batch_per_rank": args.batch, "threads": args.threads,
+                      "device": args.device, "backend": args.backend, "precision": args.precision,
                       "steps": args.steps, "step_s_median": median, "first_step_unix_s": first_step}))
 
 

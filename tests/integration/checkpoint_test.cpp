@@ -171,6 +171,40 @@ TEST(Checkpoints, AnIndexMissingAFileEntryFallsBackToTheOlderCheckpoint) {
       << resumed.output;
 }
 
+// A checkpoint is device-independent: its tensors are saved on the host and
+// its index names the device that wrote it. Resumed where it was written
+// (the CPU) that is said in passing; a checkpoint a GPU wrote (its index
+// edited here: the index's meta is not checksummed, the files are) resumes
+// on the CPU with a warning that the bits from then on are the CPU's.
+TEST(Checkpoints, TheDeviceThatWroteACheckpointAndTheOneThatResumesItAreSaid) {
+  TempDir dir;
+  const std::string run = run_failing_at_step_9(dir);
+  CheckpointStore store(run + "/checkpoints");
+  const std::string index_path = store.step_folder(8) + "/index.json";
+  auto index = read_json(index_path);
+  ASSERT_EQ(index["meta"]["device"], "cpu") << index.dump();
+  auto resume = [&] {
+    auto args = resumable_job(dir, "sgd");
+    args.push_back("--resume");
+    args.push_back(run);
+    return run_lockstep(args, dir.path(), 150);
+  };
+  auto same = resume();
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_NE(same.output.find("Decision: checkpoint_device = cpu -> cpu (tensors are saved on the host"),
+            std::string::npos) << same.output;
+
+  std::filesystem::remove_all(store.step_folder(12));  // the resumed run's last: step 8 is resumed again
+  index["meta"]["device"] = "cuda:0";
+  std::ofstream(index_path) << index.dump(2);
+  auto moved = resume();
+  ASSERT_EQ(moved.exit_code, 0) << moved.output;
+  EXPECT_NE(moved.output.find("resume_checkpoint = step 8"), std::string::npos) << moved.output;
+  EXPECT_NE(moved.output.find("checkpoint_device = cuda:0 -> cpu (a checkpoint is device-independent"),
+            std::string::npos) << moved.output;
+  EXPECT_NE(moved.output.find("not bit-identical to one that stayed on cuda:0"), std::string::npos) << moved.output;
+}
+
 // The gradient scaler's state travels in the checkpoint: a run stopped after
 // a skipped step and resumed ends with the uninterrupted run's scale, skip
 // count and parameters.

@@ -27,9 +27,13 @@ void expect_refused(const std::vector<std::string>& sets, const std::string& rea
 TEST(Precision, WhatThisMachineCannotGiveIsRefusedWithTheReason) {
   expect_refused({"device=gpu"}, LOCKSTEP_HAS_CUDA ? "device = gpu, but no CUDA device is visible"
                                                    : "built against a LibTorch without CUDA");
-  expect_refused({"comm.backend=nccl"}, LOCKSTEP_HAS_CUDA ? "NCCL reduces CUDA tensors only"
+  expect_refused({"comm.backend=nccl"}, LOCKSTEP_HAS_CUDA ? "comm.backend = nccl reduces CUDA tensors only, and no "
+                                                            "CUDA device is visible"
                                                           : "NCCL data group is not compiled into this lockstep");
   expect_refused({"precision=fp16"}, "fp16 runs only on CUDA");
+  expect_refused({"device=cpu", "comm.backend=nccl"},
+                 LOCKSTEP_HAS_CUDA ? "comm.backend = nccl reduces CUDA tensors only, and the job asks for device = cpu"
+                                   : "NCCL data group is not compiled into this lockstep");
 }
 
 TEST(Precision, AutoDecidesDeviceAndPrecisionAndSaysWhy) {
@@ -40,6 +44,8 @@ TEST(Precision, AutoDecidesDeviceAndPrecisionAndSaysWhy) {
   EXPECT_NE(result.output.find(LOCKSTEP_HAS_CUDA ? "Decision: device = cpu (device = auto and no CUDA device is visible)"
                                                  : "Decision: device = cpu (device = auto and this build's LibTorch "
                                                    "has no CUDA)"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("Decision: comm.backend = gloo (auto: this rank trains on the CPU, and Gloo "
+                               "serves CPU tensors)"), std::string::npos) << result.output;
   const bool native = result.output.find("no native bf16") == std::string::npos;
   if (native) {  // the choice rests on the probe's figures, measured once for both ranks
     EXPECT_NE(result.output.find("the probe measured bf16 at"), std::string::npos) << result.output;
