@@ -60,6 +60,32 @@ def ddp(model):
     return result["step_s_median"], result["first_step_unix_s"] - launched
 
 
+ALLOCATOR_ENV = ("LD_PRELOAD", "MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
+                 "MALLOC_CONF", "TCMALLOC_RELEASE_RATE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+                 "PYTORCH_NO_CUDA_MEMORY_CACHING")
+MALLOCS = ("jemalloc", "tcmalloc", "mimalloc")
+
+
+def allocator_settings(build):
+    """What allocates host memory on each side: the malloc each process
+    links or preloads (glibc's unless one of MALLOCS shows up) and the
+    environment variables that tune it, as the benchmark ran them."""
+    env = {k: ENV[k] for k in ALLOCATOR_ENV if k in ENV}
+    linked = subprocess.run(["ldd", os.path.join(build, "lockstep")], capture_output=True, text=True).stdout
+    ours = [m for m in MALLOCS if m in linked or m in env.get("LD_PRELOAD", "")]
+    probe = ("import torch, re; maps = open('/proc/self/maps').read(); "
+             f"print(','.join(m for m in {MALLOCS!r} if m in maps))")
+    theirs = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=ENV).stdout.strip()
+    describe = lambda found: found or "glibc malloc (LibTorch's CPU allocator: 64-byte aligned posix_memalign)"
+    return {"lockstep": {"malloc": describe(",".join(ours)), "env": env},
+            "pytorch_ddp": {"malloc": describe(theirs), "env": env, "torch": torch_version()}}
+
+
+def torch_version():
+    return subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
+                          capture_output=True, text=True).stdout.strip()
+
+
 def summary(values):
     values = sorted(values)
     return {"median": statistics.median(values), "min": values[0], "max": values[-1]}
@@ -94,7 +120,10 @@ def main():
         "setup": {"ranks": 2, "batch_per_rank": 64, "threads_per_rank": 1, "backend": "gloo",
                   "data": "synthetic, in memory", "optimizer": "sgd momentum 0.9",
                   "cores": os.cpu_count(), "repetitions": repetitions, "steps": STEPS,
-                  "order": "interleaved per repetition: lockstep, DDP per model"},
+                  "order": "interleaved per repetition: lockstep, DDP per model",
+                  "allocators": allocator_settings(build),
+                  "lockstep": subprocess.run([os.path.join(build, "lockstep"), "--version"],
+                                             capture_output=True, text=True).stdout.strip()},
         "step_ms": {m: {"lockstep": summary(samples["ls_" + m]), "ddp": summary(samples["ddp_" + m]),
                         "ratio": summary(samples["ratio_" + m])} for m in STEPS},
         "cnn_allreduce_bytes_done_before_backward_ended": summary(samples["hidden"]),

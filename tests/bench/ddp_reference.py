@@ -13,6 +13,7 @@ need Gloo), and a synchronize before each step's clock stops, so the time
 is the GPU's work and not the launch.
 """
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -98,8 +99,8 @@ def rank_main(rank, args, port, results):
             x = x.pin_memory().to(device, non_blocking=True)
             y = y.pin_memory().to(device, non_blocking=True)
         optimizer.zero_grad()
-        with torch.autocast(device.type, dtype=DTYPES[args.precision] or torch.float32,
-                            enabled=DTYPES[args.precision] is not None):
+        low = DTYPES[args.precision]
+        with torch.autocast(device.type, dtype=low) if low else contextlib.nullcontext():
             loss = F.cross_entropy(model(x).float(), y)
         if scaler:
             scaler.scale(loss).backward()

@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(SOURCE, "examples", "resnet18"))
 import prepare  # noqa: E402
-from compare_ddp import summary  # noqa: E402  (median and range, as every benchmark reports)
+from compare_ddp import allocator_settings, summary  # noqa: E402  (as every benchmark reports them)
 
 STEPS, WARMUP, BATCH, SAMPLES = 40, 10, 32, 1024
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
@@ -141,7 +141,8 @@ def main():
                   "optimizer": "sgd momentum 0.9", "buffers": "broadcast from rank 0 (both)",
                   "steps": STEPS, "warmup_steps": WARMUP, "cores": os.cpu_count(),
                   "torch": torch.__version__, "repetitions": repetitions,
-                  "order": "interleaved per repetition: lockstep, DDP, then 1-rank script/eager blocks"},
+                  "order": "interleaved per repetition: lockstep, DDP, then 1-rank script/eager blocks",
+                  "allocators": allocator_settings(build)},
         "step_ms_2_ranks": {"lockstep": summary(samples["lockstep_ms"]), "ddp": summary(samples["ddp_ms"]),
                             "ratio_lockstep_over_ddp": summary(samples["ratio"])},
         "step_ms_1_rank_python": {"torchscript": summary(samples["script_ms"]),
