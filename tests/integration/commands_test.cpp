@@ -32,6 +32,17 @@ TEST(Commands, VersionConfigThatReadsBackAndKeys) {
   auto version = run_lockstep({"--version"}, dir.path(), 30);
   EXPECT_EQ(version.exit_code, 0) << version.output;
   EXPECT_NE(version.output.find("lockstep " LOCKSTEP_VERSION), std::string::npos) << version.output;
+  // The LibTorch it links and whether CUDA and the NCCL data group are in,
+  // as the configure step said it.
+  EXPECT_NE(version.output.find("(LibTorch " LOCKSTEP_TORCH_VERSION ", "), std::string::npos) << version.output;
+  std::ifstream summary_file(LOCKSTEP_CONFIGURE_SUMMARY_FILE);
+  std::string configured;
+  std::getline(summary_file, configured);
+  EXPECT_EQ(configured, std::string("lockstep: LibTorch " LOCKSTEP_TORCH_VERSION) +
+                            (LOCKSTEP_HAS_CUDA ? " with CUDA: NCCL data group compiled in"
+                                               : " is CPU-only: NCCL data group compiled out, device=gpu will be refused"));
+  EXPECT_NE(version.output.find(LOCKSTEP_HAS_CUDA ? "CUDA, NCCL data group compiled in" : "no NCCL"), std::string::npos)
+      << version.output;
 
   const std::string job = examples_dir() + "/fashion_mnist_cnn.toml";
   auto printed = run_lockstep({"config", job, "--set", "optim.lr=0.125", "--set", "data.augment=hflip"}, dir.path(), 30);
