@@ -26,6 +26,7 @@
 #include "coordinator/endpoint_checks.h"
 #include "runtime/checkpoint/checkpoint_store.h"
 #include "runtime/audit/audit_report.h"
+#include "runtime/audit/run_compare.h"
 #include "runtime/data/dataset.h"
 #include "runtime/base/errors.h"
 #include "runtime/run/generation.h"
@@ -321,6 +322,13 @@ int audit_command(const std::string& run_dir, bool json) {
   if (json) std::printf("%s\n", report.json.dump(2).c_str());
   else std::printf("%s", report.text.c_str());
   return report.exit_code;
+}
+
+int compare_command(const std::string& run_a, const std::string& run_b, bool json) {
+  const RunComparison comparison = compare_runs(run_a, run_b);
+  if (json) std::printf("%s\n", comparison.json.dump(2).c_str());
+  else std::printf("%s", comparison.text.c_str());
+  return comparison.exit_code;
 }
 
 // `lockstep status --json`: field names as in the proto, counts as JSON

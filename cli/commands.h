@@ -47,6 +47,8 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
 // watch: print again every second until the job ends (redrawn in place on a terminal).
 int status_command(ConnectionFlags connection, const std::string& run_dir, bool json, bool watch);
 int audit_command(const std::string& run_dir, bool json);
+// `lockstep compare RUN_A RUN_B`: 0 bit-identical, 1 different, 2 unreadable.
+int compare_command(const std::string& run_a, const std::string& run_b, bool json);
 
 // lockstep probe: the table of what each precision costs here, cached per
 // machine fingerprint (--force measures again). With --candidate

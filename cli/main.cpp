@@ -93,6 +93,12 @@ int main(int argc, char** argv) {
   audit->add_option("run_dir", run_dir, "the run folder, runs/<run-id>")->required();
   audit->add_flag("--json", json, "print JSON for scripts");
 
+  std::vector<std::string> compared;
+  auto* compare = app.add_subcommand("compare", "offline: did two runs end on the same bits? If not, the first "
+                                                "audited step where they parted and the largest difference there");
+  compare->add_option("runs", compared, "two run folders, runs/<run-id>")->required()->expected(2);
+  compare->add_flag("--json", json, "print JSON for scripts");
+
   std::string candidate;
   bool force = false;
   auto* probe = app.add_subcommand("probe", "measure fp32, bf16 and fp16 on this machine's "
@@ -140,6 +146,7 @@ int main(int argc, char** argv) {
       return coordinator_command(job_file, overrides, serve);
     if (status->parsed()) return status_command(connection, run_dir, json, watch);
     if (audit->parsed()) return audit_command(run_dir, json);
+    if (compare->parsed()) return compare_command(compared[0], compared[1], json);
     if (probe->parsed()) return probe_command(candidate, force, json);
     if (config->parsed()) return config_command(job_file, overrides, json);
     if (keys->parsed()) return keys_command(json);

@@ -252,12 +252,22 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     if (device.is_cuda()) model->to(device);  // built on the CPU from the seed: the same init everywhere
     for (const auto& d : model_decisions) decisions.record(d.what, d.value, d.reason);
     const std::string init_digest = verify_identical_parameters(*control, *model, decisions);
-    // Second half: an independent stream per rank, checked.
-    const uint64_t train_seed = uint64_t(config.job.seed) + (config.test.no_reseed ? 0 : rank);
+    // Second half: every microbatch its own stream, seeded from (seed, step,
+    // microbatch) before its forward; checked here on each rank's first
+    // microbatch of step 0 (rank r of W starts at microbatch r * k / W).
+    const int64_t microbatches = config.data.global_batch / std::max<int64_t>(1, config.data.microbatch);
+    const int64_t first_microbatch = int64_t(rank) * (microbatches / std::max<int64_t>(1, config.job.world_size));
+    const uint64_t train_seed = config.test.no_reseed ? uint64_t(config.job.seed)
+                                                      : microbatch_seed(uint64_t(config.job.seed), 0, first_microbatch);
     seed_everything(train_seed);
-    decisions.record("train_seed", std::to_string(train_seed),
-                     config.test.no_reseed ? "test.no_reseed: the shared seed, not seed + rank"
-                                           : "seed + rank: each rank its own random stream");
+    decisions.record("train_seed", config.test.no_reseed ? "job.seed" : "per microbatch",
+                     config.test.no_reseed
+                         ? "test.no_reseed: every microbatch draws the job's seed, the same stream"
+                         : "every generator is seeded from (job.seed, step, microbatch index) before each "
+                           "microbatch's forward: dropout and anything drawn from LibTorch's generator is "
+                           "the same whichever rank computes the microbatch and whatever ran before it; "
+                           "distinct streams checked on each rank's first microbatch",
+                     /*warn=*/config.test.no_reseed);
     StreamCheck streams = check_streams_differ(*control, decisions);
     events.write({{"event", "seeding"},
                   {"init_param_digest", init_digest},
@@ -287,7 +297,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                                 {"buffers", model->buffers().size()},
                                 {"loss", config.loss.name}};
       manifest.body["seeds"] = {{"init", config.job.seed},
-                                {"train_seed_rule", config.test.no_reseed ? "seed" : "seed + rank"}};
+                                {"train_seed_rule", config.test.no_reseed ? "seed" : "per microbatch: (seed, step, microbatch)"}};
       manifest.body["checks"] = {{"init_parameters_identical", true},
                                  {"init_param_digest", init_digest},
                                  {"random_streams_distinct", streams.all_distinct},

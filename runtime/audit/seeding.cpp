@@ -13,6 +13,15 @@ namespace lockstep {
 
 void seed_everything(uint64_t seed) { torch::manual_seed(seed); }
 
+uint64_t microbatch_seed(uint64_t seed, int64_t step, int64_t microbatch) {
+  // splitmix64's finaliser over the three, each through an odd multiplier.
+  uint64_t z = seed * 0x9E3779B97F4A7C15ULL ^ uint64_t(step) * 0xC2B2AE3D27D4EB4FULL ^
+               uint64_t(microbatch) * 0x165667B19E3779F9ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return (z ^ (z >> 31)) & 0x7FFFFFFFFFFFFFFFULL;  // a seed torch::manual_seed takes as it is
+}
+
 std::string verify_identical_parameters(ControlGroup& control, const Model& model,
                                         DecisionLog& log) {
   NamedDigests digests = model_digests(model, /*buffers=*/true);

@@ -19,6 +19,13 @@ namespace lockstep {
 // Seeds LibTorch's default generators.
 void seed_everything(uint64_t seed);
 
+// The seed of microbatch `microbatch` of step `step` (0-based): a mix of
+// the three, so its draws (dropout in any model, LibTorch's generator) are
+// the same whichever rank computes it and whatever ran before it in that
+// process. The trainer seeds every generator with it before the
+// microbatch's forward.
+uint64_t microbatch_seed(uint64_t seed, int64_t step, int64_t microbatch);
+
 // All-gathers every parameter's digest on the control group. Returns the
 // combined digest when all ranks agree; otherwise throws RunError naming the
 // first differing tensor and which ranks hold which version.

@@ -101,8 +101,22 @@ std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& conf
     return std::nullopt;
   }
   const nlohmann::json& meta = found->meta;
-  if (const std::string conflict = resume_conflict(meta, config, world_size); !conflict.empty())
+  if (const std::string conflict = resume_conflict(meta, config); !conflict.empty())
     throw InputError(what + ": " + conflict);
+  if (const int64_t was = meta.value("world_size", int64_t(world_size)); was != world_size) {
+    const bool exact = config.comm.summation == "exact";
+    decisions.record("resume_world_size", std::to_string(was) + " -> " + std::to_string(world_size),
+                     exact ? "the global batch (" + std::to_string(config.data.global_batch) + " in " +
+                                 std::to_string(config.data.global_batch / config.data.microbatch) +
+                                 " microbatches) is divided among " + std::to_string(world_size) +
+                                 " ranks instead of " + std::to_string(was) + "; with comm.summation = "
+                                 "exact and per-microbatch random streams the run continues on the bits "
+                                 "of the one that never stopped (for a fixed job.threads_per_rank)"
+                           : "comm.summation = float: the sums over " + std::to_string(world_size) +
+                                 " ranks round differently than over " + std::to_string(was) +
+                                 ", so the run continues, not bit-identical to the one that never stopped",
+                     /*warn=*/!exact);
+  }
   // Everything else may change (eval.every, logging, the step count, ...):
   // said out loud, so that a different result can be traced to it.
   if (meta.contains("settings")) {
@@ -123,8 +137,8 @@ std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& conf
     }
     if (!changed.empty())
       decisions.record("resume_settings_changed", changed,
-                       "allowed: none of them is one a resumed run must keep (model.name, "
-                       "job.world_size, job.seed, data.batch_size, train.accum_steps, optim.name)",
+                       "allowed: none of them is one a resumed run must keep (model.name, job.seed, "
+                       "data.global_batch, data.microbatch, optim.name)",
                        /*warn=*/true);
   }
   decisions.record("resume_checkpoint", "step " + std::to_string(found->step),
@@ -159,10 +173,15 @@ void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found,
     const std::string bytes = store.read_file(found, "optimizer.bin");
     optimizer.load_from_bytes(std::vector<uint8_t>(bytes.begin(), bytes.end()));
   }
-  set_generator_state(c10::kCPU, store.read_file(found, "rng-rank" + std::to_string(rank) + ".bin"));
+  // A rank the checkpointed run did not have starts no stream of its own:
+  // every microbatch reseeds from (seed, step, microbatch) anyway.
+  const bool had_this_rank = rank < found.meta.value("ranks", int64_t(0));
+  if (had_this_rank)
+    set_generator_state(c10::kCPU, store.read_file(found, "rng-rank" + std::to_string(rank) + ".bin"));
   // The GPU's stream when the checkpoint was written on one and this rank
   // trains on one (the trainer's checkpoint_device decision says the rest).
-  if (model.device().is_cuda() && found.meta.value("device", std::string("cpu")).rfind("cuda", 0) == 0)
+  if (had_this_rank && model.device().is_cuda() &&
+      found.meta.value("device", std::string("cpu")).rfind("cuda", 0) == 0)
     set_generator_state(model.device(), store.read_file(found, "rng-cuda-rank" + std::to_string(rank) + ".bin"));
   const std::string digest = combined_hex(model_digests(model, true));
   if (digest != found.meta.value("param_digest", ""))

@@ -14,16 +14,28 @@
 
 namespace lockstep {
 
-std::string resume_conflict(const nlohmann::json& meta, const JobConfig& config, int64_t world_size) {
+std::string resume_conflict(const nlohmann::json& meta, const JobConfig& config) {
   auto differs = [&](const std::string& key, const nlohmann::json& now, const char* field) -> std::string {
     if (!meta.is_object() || !meta.contains(field) || meta[field] == now) return "";
     return key + " was " + meta[field].dump() + " in the checkpointed run and is " + now.dump() +
            " now; a resumed run must keep it (set it back, or start a new run)";
   };
+  // The world size may change: it only divides the global batch (a
+  // checkpoint from before data.global_batch existed names none: then its
+  // per-rank batch on its world size is the global batch).
+  if (meta.is_object() && !meta.contains("global_batch") && meta.contains("world_size") &&
+      meta.contains("batch_size")) {
+    const int64_t was = meta.value("batch_size", int64_t(0)) * meta.value("accum_steps", int64_t(1)) *
+                        meta.value("world_size", int64_t(1));
+    if (was != config.data.global_batch)
+      return "the global batch was " + std::to_string(was) + " (data.batch_size x train.accum_steps x " +
+             "world size) in the checkpointed run and is " + std::to_string(config.data.global_batch) +
+             " now; a resumed run must keep it (set data.global_batch = " + std::to_string(was) + ")";
+  }
   for (const std::string& conflict :
-       {differs("model.name", config.model.name, "model"), differs("job.world_size", world_size, "world_size"),
-        differs("job.seed", config.job.seed, "seed"), differs("data.batch_size", config.data.batch_size, "batch_size"),
-        differs("train.accum_steps", config.train.accum_steps, "accum_steps"),
+       {differs("model.name", config.model.name, "model"), differs("job.seed", config.job.seed, "seed"),
+        differs("data.global_batch", config.data.global_batch, "global_batch"),
+        differs("data.microbatch", config.data.microbatch, "microbatch"),
         differs("optim.name", config.optim.name, "optimizer")})
     if (!conflict.empty()) return conflict;
   return "";

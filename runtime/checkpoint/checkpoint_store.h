@@ -23,10 +23,11 @@ struct FoundCheckpoint {
   nlohmann::json meta;  // what seal() was given
 };
 
-// "" when a run with `config` on `world_size` ranks may resume from a
-// checkpoint with `meta`; else which setting it must keep, with both values
-// (model, world size, seed, batch size, accumulation, optimizer).
-std::string resume_conflict(const nlohmann::json& meta, const JobConfig& config, int64_t world_size);
+// "" when a run with `config` may resume from a checkpoint with `meta`;
+// else which setting it must keep, with both values (model, seed, global
+// batch, microbatch, optimizer). The world size may differ: it divides
+// the same work.
+std::string resume_conflict(const nlohmann::json& meta, const JobConfig& config);
 
 class CheckpointStore {
  public:

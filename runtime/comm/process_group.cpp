@@ -104,6 +104,14 @@ PendingCollective CollectiveGroup::allreduce_sum(std::vector<at::Tensor>& tensor
   return PendingCollective(std::move(impl));
 }
 
+PendingCollective CollectiveGroup::allreduce_max(std::vector<at::Tensor>& tensors) {
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MAX;
+  auto impl = std::make_shared<PendingCollective::Impl>();
+  impl->work = impl_->group->allreduce(tensors, options);
+  return PendingCollective(std::move(impl));
+}
+
 PendingCollective CollectiveGroup::allgather_async(const at::Tensor& input,
                                                    std::vector<at::Tensor>& outputs) {
   std::vector<at::Tensor> inputs{input};

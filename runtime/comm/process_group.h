@@ -66,6 +66,8 @@ class CollectiveGroup {
   int size() const;
   // In-place sum over ranks, started now.
   PendingCollective allreduce_sum(std::vector<at::Tensor>& tensors);
+  // In-place maximum over ranks, started now (a NaN's fate depends on the backend).
+  PendingCollective allreduce_max(std::vector<at::Tensor>& tensors);
   // Gathers `input` (same shape everywhere) from every rank; blocking.
   std::vector<at::Tensor> allgather(const at::Tensor& input);
   // The same, started now: `outputs` (one per rank) are valid after wait().

@@ -1,12 +1,17 @@
 #include "runtime/comm/reducer.h"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
+#include <limits>
 
 #include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include "runtime/base/errors.h"
+#include "runtime/comm/exact_sum.h"
 
 namespace lockstep {
 
@@ -97,6 +102,11 @@ void GradientReducer::bind_gradients(bool keep_values) {
 
 void GradientReducer::start_step(bool zero_gradients) {
   if (zero_gradients) gradients_.zero_();
+  held_.clear();
+  largest_.clear();
+  loss_nonfinite_ = false;
+  if (sums_.defined()) sums_.zero_();
+  std::fill(counted_, counted_ + 3, 0.0);
   for (auto& bucket : buckets_) {
     bucket.launched = false;
     bucket.work.reset();
@@ -115,15 +125,21 @@ void GradientReducer::start_step(bool zero_gradients) {
   std::fill(ever_arrived_.begin(), ever_arrived_.end(), false);
 }
 
-void GradientReducer::begin_microbatch(int64_t micro, int64_t count, double local_count,
-                                       double local_loss_sum, double local_samples) {
+void GradientReducer::begin_microbatch(int64_t micro, int64_t count, double valid, double loss_sum,
+                                       double samples) {
   if (micro == 0) start_step(/*zero_gradients=*/true);
+  // Exact: this microbatch's own figures (summed exactly later, whoever
+  // computed it). Float: the rank's running sums, as the gradients are.
+  if (!options_.exact) {
+    counted_[0] += valid, counted_[1] += loss_sum, counted_[2] += samples;
+    valid = counted_[0], loss_sum = counted_[1], samples = counted_[2];
+  }
   std::fill(arrived_.begin(), arrived_.end(), false);
   for (auto& bucket : buckets_) bucket.waiting = int64_t(bucket.members.size());
   last_microbatch_ = micro + 1 == count;
-  tail_slot(kValidCount).fill_(local_count);
-  tail_slot(kLossSum).fill_(local_loss_sum);
-  tail_slot(kSamples).fill_(local_samples);
+  tail_slot(kValidCount).fill_(valid);
+  tail_slot(kLossSum).fill_(loss_sum);
+  tail_slot(kSamples).fill_(samples);
   if (asking_to_stop_) tail_slot(kRanksAskingToStop).fill_(1.0);
 }
 
@@ -133,7 +149,13 @@ void GradientReducer::on_gradient(size_t index) {
   ever_arrived_[index] = true;
   if (arrived_[index]) return;
   arrived_[index] = true;
-  if (--bucket.waiting == 0 && last_microbatch_ && options_.overlap) launch_ready();
+  if (--bucket.waiting != 0 || !last_microbatch_ || !options_.overlap) return;
+  if (!options_.exact) return launch_ready();
+  // Exact: each ready bucket goes onto its grid and out, in index order.
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].waiting == 0) {
+    launch_exact(next_launch_);
+    ++launched_early_;
+  }
 }
 
 void GradientReducer::launch(size_t first, size_t end) {
@@ -173,16 +195,20 @@ double GradientReducer::finish() {
   // gradient arrived (buckets start in order), so the flag is still unsent.
   if (!missing.empty()) tail_slot(kRanksMissingGradients).fill_(1.0);
   const int64_t element = int64_t(gradients_.element_size());
-  for (size_t b = 0; b < next_launch_; ++b)  // finished before backward ended: hidden
-    if (buckets_[b].work->done()) bytes_hidden_ += buckets_[b].length * element;
-  if (!options_.overlap) {
-    launch(0, buckets_.size());  // nothing started during backward on any rank: all as one
+  if (options_.exact) {
+    reduce_exactly();
   } else {
-    while (next_launch_ < buckets_.size()) launch(next_launch_, next_launch_ + 1);
-  }
-  for (auto& bucket : buckets_) {
-    bytes_reduced_ += bucket.length * element;
-    bucket.work->wait();
+    for (size_t b = 0; b < next_launch_; ++b)  // finished before backward ended: hidden
+      if (buckets_[b].work->done()) bytes_hidden_ += buckets_[b].length * element;
+    if (!options_.overlap) {
+      launch(0, buckets_.size());  // nothing started during backward on any rank: all as one
+    } else {
+      while (next_launch_ < buckets_.size()) launch(next_launch_, next_launch_ + 1);
+    }
+    for (auto& bucket : buckets_) {
+      bytes_reduced_ += bucket.length * element;
+      bucket.work->wait();
+    }
   }
   // The counts that rode along, read in one copy (one wait, on a GPU).
   const at::Tensor tail = gradients_.narrow(0, gradients_.numel() - kTailSlots, kTailSlots).to(at::kDouble).cpu();
@@ -213,6 +239,262 @@ double GradientReducer::finish() {
   const double scale = global_count > 0 ? 1.0 / global_count : 1.0;
   gradients_.mul_(scale);  // the mean, in place in every .grad
   return global_count;
+}
+
+namespace {
+
+// Each bucket's grid: 2^(62 - g - ceil(log2 k)) units per 1, where 2^g
+// bounds the bucket's largest magnitude over every microbatch of the step,
+// so that k of them sum to less than 2^62 in an int64. g is the largest
+// magnitude's binary exponent rounded up to a multiple of 8: a function of
+// the step's gradients alone (never of the step before, so a resumed or
+// re-formed run sums on the grid the uninterrupted one used), and coarse
+// enough that the next step usually falls on the same grid, which is used
+// ahead: a second all-reduce only when a bucket's class changes.
+using exact::ceil_log2;
+using exact::exponent_of;
+using exact::kGridBits;
+constexpr int kGridStride = 8;
+constexpr double kTailUnit = 4294967296.0;  // 2^32: the tail's fixed grid
+// Exponents as frexp gives them for fp32/bf16/fp16 values: [-148, 128];
+// one more slot for inf/NaN. A bucket's histogram counts, per rank, the
+// exponent of its largest magnitude: the highest slot any rank filled is
+// the step's (a maximum carried by a sum).
+constexpr int kLowestExponent = -150, kExponentSlots = 281;
+constexpr int kNonfiniteSlot = kExponentSlots - 1;
+constexpr int kNoGrid = INT32_MIN;  // a bucket of zeros (or not known yet)
+
+int grid_of(int exponent) {
+  const int below = ((exponent % kGridStride) + kGridStride) % kGridStride;
+  return exponent - below + kGridStride;
+}
+
+// sums += round(values * unit) elementwise in int64 (when `add`); returns
+// the largest magnitude of `values` (inf when one is not finite). One pass
+// on the CPU for fp32; tensor operations elsewhere. Both round half to
+// even: on the CPU by adding and taking away 1.5 * 2^52, exact for
+// |y| < 2^51; above it an fp32 value times a power of two is an integer.
+double quantize_add(const at::Tensor& values, at::Tensor sums, double unit, bool add) {
+  if (values.device().is_cpu() && values.scalar_type() == at::kFloat && values.is_contiguous() &&
+      sums.is_contiguous()) {
+    const float* x = values.data_ptr<float>();
+    int64_t* out = sums.data_ptr<int64_t>();
+    const int64_t n = values.numel();
+    constexpr int64_t kGrain = 1 << 15;
+    std::vector<double> largest(size_t((n + kGrain - 1) / kGrain + 1), 0.0);
+    at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+      constexpr double kRounder = 6755399441055744.0;  // 1.5 * 2^52
+      constexpr double kExactAbove = 2251799813685248.0;  // 2^51
+      constexpr float kFinite = std::numeric_limits<float>::max();
+      float top = 0.0f;
+      bool bad = false;
+      if (add) {
+        for (int64_t i = begin; i < end; ++i) {
+          const float magnitude = std::fabs(x[i]);
+          bad |= !(magnitude <= kFinite);
+          top = std::max(top, magnitude);
+          const double y = double(x[i]) * unit;
+          const double rounded = std::fabs(y) < kExactAbove ? (y + kRounder) - kRounder : y;
+          out[i] += magnitude <= kFinite ? int64_t(rounded) : 0;
+        }
+      } else {
+        for (int64_t i = begin; i < end; ++i) {
+          const float magnitude = std::fabs(x[i]);
+          bad |= !(magnitude <= kFinite);
+          top = std::max(top, magnitude);
+        }
+      }
+      largest[size_t(begin / kGrain)] = bad ? std::numeric_limits<double>::infinity() : double(top);
+    });
+    return *std::max_element(largest.begin(), largest.end());
+  }
+  const double top = values.abs().max().to(at::kDouble).item<double>();
+  if (!std::isfinite(top)) return std::numeric_limits<double>::infinity();
+  if (add) sums.add_(values.to(at::kDouble).mul(unit).round().to(at::kLong).to(sums.device()));
+  return top;
+}
+
+// target = sums / unit, rounded once to the target's dtype.
+void dequantize(const at::Tensor& sums, at::Tensor target, double unit) {
+  const double inverse = 1.0 / unit;  // a power of two: exact
+  if (target.device().is_cpu() && target.scalar_type() == at::kFloat && target.is_contiguous() &&
+      sums.device().is_cpu() && sums.is_contiguous()) {
+    const int64_t* in = sums.data_ptr<int64_t>();
+    float* out = target.data_ptr<float>();
+    at::parallel_for(0, target.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) out[i] = float(double(in[i]) * inverse);
+    });
+    return;
+  }
+  target.copy_(sums.to(target.device()).to(at::kDouble).mul(inverse));
+}
+
+}  // namespace
+
+void GradientReducer::end_microbatch() {
+  if (!options_.exact) return;
+  // The flags are the step's, not a microbatch's: they stay in the tail.
+  if (asking_to_stop_) tail_slot(kRanksAskingToStop).fill_(1.0);
+  if (last_microbatch_) return;  // its buckets go out as they are ready, or in finish()
+  for (size_t b = 0; b < buckets_.size(); ++b) quantize_bucket(gradients_, b);
+  quantize_tail(gradients_);
+  held_.push_back(gradients_.clone());  // kept for a step whose grid changes
+  gradients_.zero_();
+}
+
+void GradientReducer::prepare_exact() {
+  const size_t count = buckets_.size();
+  if (grid_.size() != count) grid_.assign(count, kNoGrid);
+  if (largest_.size() != count) largest_.assign(count, 0.0);
+  if (!sums_.defined())  // gradients, tail, per bucket a histogram, one flag
+    sums_ = at::zeros({gradients_.numel() + int64_t(count) * kExponentSlots + 1}, at::kLong);
+}
+
+void GradientReducer::quantize_bucket(const at::Tensor& microbatch, size_t b) {
+  torch::NoGradGuard no_grad;
+  prepare_exact();
+  const int headroom = ceil_log2(std::max<int64_t>(1, options_.microbatches_per_step));
+  const bool on_grid = grid_[b] != kNoGrid;
+  const double unit = on_grid ? std::ldexp(1.0, kGridBits - grid_[b] - headroom) : 0.0;
+  const double top = quantize_add(microbatch.narrow(0, buckets_[b].start, buckets_[b].length),
+                                  sums_.narrow(0, buckets_[b].start, buckets_[b].length), unit, on_grid);
+  largest_[b] = std::isfinite(top) ? std::max(largest_[b], top) : top;
+}
+
+void GradientReducer::quantize_tail(const at::Tensor& microbatch) {
+  prepare_exact();
+  // The microbatch's counts and loss sum on the tail's fixed grid.
+  const int64_t tail_start = gradients_.numel() - kTailSlots;
+  const at::Tensor tail = microbatch.narrow(0, tail_start, kTailSlots).to(at::kDouble).cpu();
+  const double* figures = tail.data_ptr<double>();
+  int64_t* sums = sums_.data_ptr<int64_t>() + tail_start;
+  for (int64_t slot : {kValidCount, kLossSum, kSamples}) {
+    if (!std::isfinite(figures[slot])) {
+      loss_nonfinite_ = true;
+      continue;
+    }
+    sums[slot] += std::llrint(figures[slot] * kTailUnit);
+  }
+}
+
+void GradientReducer::launch_exact(size_t b) {
+  quantize_bucket(gradients_, b);
+  const bool last = b + 1 == buckets_.size();
+  int64_t stop = buckets_[b].start + buckets_[b].length;
+  if (last) {
+    // With the last bucket: the tail, the step's flags, and per bucket its
+    // exponent histogram, then one slot counting ranks whose loss sum was
+    // not finite (every bucket's largest magnitude is known by now).
+    quantize_tail(gradients_);
+    const int64_t tail_start = gradients_.numel() - kTailSlots;
+    const int64_t histogram_start = gradients_.numel();
+    int64_t* all = sums_.data_ptr<int64_t>();
+    all[tail_start + kRanksMissingGradients] = tail_slot(kRanksMissingGradients).item<double>() > 0 ? 1 : 0;
+    all[tail_start + kRanksAskingToStop] = tail_slot(kRanksAskingToStop).item<double>() > 0 ? 1 : 0;
+    for (size_t c = 0; c < buckets_.size(); ++c) {
+      const double largest = largest_[c];
+      const int slot = !std::isfinite(largest) ? kNonfiniteSlot
+                       : largest == 0          ? -1
+                                               : std::clamp(exponent_of(largest) - kLowestExponent, 0, kNonfiniteSlot - 1);
+      if (slot >= 0) all[histogram_start + int64_t(c) * kExponentSlots + slot] = 1;
+    }
+    all[sums_.numel() - 1] = loss_nonfinite_ ? 1 : 0;
+    stop = sums_.numel();
+  }
+  at::Tensor span = sums_.narrow(0, buckets_[b].start, stop - buckets_[b].start);
+  if (!gradients_.device().is_cpu()) span = span.to(gradients_.device());  // NCCL reduces device tensors only
+  io_.push_back(span);
+  std::vector<at::Tensor> tensors{span};
+  buckets_[b].work = group_.allreduce_sum(tensors);
+  buckets_[b].launched = true;
+  bytes_reduced_ += span.numel() * int64_t(span.element_size());
+  ++collectives_;
+  next_launch_ = b + 1;
+}
+
+void GradientReducer::reduce_exactly() {
+  torch::NoGradGuard no_grad;
+  prepare_exact();
+  const int64_t tail_start = gradients_.numel() - kTailSlots;
+  const size_t count = buckets_.size();
+  const int headroom = ceil_log2(std::max<int64_t>(1, options_.microbatches_per_step));
+  for (size_t b = 0; b < next_launch_; ++b)  // finished before backward ended: hidden
+    if (buckets_[b].work->done()) bytes_hidden_ += buckets_[b].length * int64_t(sizeof(int64_t));
+  while (next_launch_ < count) launch_exact(next_launch_);
+  for (auto& bucket : buckets_) bucket.work->wait();
+  // The all-reduced spans, back in one host tensor of sums_'s layout.
+  at::Tensor reduced = sums_;
+  if (!gradients_.device().is_cpu()) {
+    reduced = at::empty_like(sums_);
+    for (size_t b = 0; b < count; ++b)
+      reduced.narrow(0, buckets_[b].start, io_[b].numel()).copy_(io_[b]);
+  }
+  const int64_t histogram_start = gradients_.numel();
+  const int64_t* slots = reduced.data_ptr<int64_t>() + histogram_start;
+  // The step's grids, from the histograms: the same on every rank and world size.
+  std::vector<int> actual(count, kNoGrid);
+  std::vector<bool> nonfinite(count, false);
+  bool redo = false;
+  for (size_t b = 0; b < count; ++b) {
+    const int64_t* h = slots + int64_t(b) * kExponentSlots;
+    if (h[kNonfiniteSlot] > 0) {
+      nonfinite[b] = true;
+      continue;
+    }
+    for (int slot = kNonfiniteSlot - 1; slot >= 0; --slot)
+      if (h[slot] > 0) {
+        actual[b] = grid_of(slot + kLowestExponent);
+        break;
+      }
+    if (actual[b] != kNoGrid && actual[b] != grid_[b]) redo = true;
+  }
+  const bool loss_nonfinite = slots[sums_.numel() - histogram_start - 1] > 0;
+  const at::Tensor tail_sums = reduced.narrow(0, tail_start, kTailSlots).clone();
+  // Buckets whose grid class changed (or the first step's): again on the
+  // step's own grid, a second all-reduce of those buckets only.
+  at::Tensor result = reduced;
+  if (redo) {
+    result = reduced.clone();
+    sums_ = at::zeros({reduced.numel()}, at::kLong);  // `result` keeps the first round's
+    std::vector<at::Tensor> spans;
+    std::vector<size_t> again;
+    for (size_t b = 0; b < count; ++b) {
+      if (actual[b] == kNoGrid || actual[b] == grid_[b]) continue;
+      grid_[b] = actual[b];
+      for (const at::Tensor& held : held_) quantize_bucket(held, b);
+      quantize_bucket(gradients_, b);
+      at::Tensor span = sums_.narrow(0, buckets_[b].start, buckets_[b].length);
+      if (!gradients_.device().is_cpu()) span = span.to(gradients_.device());
+      spans.push_back(span);
+      again.push_back(b);
+    }
+    std::vector<PendingCollective> pending;
+    for (at::Tensor& span : spans) {
+      std::vector<at::Tensor> io{span};
+      pending.push_back(group_.allreduce_sum(io));
+      bytes_reduced_ += span.numel() * int64_t(span.element_size());
+    }
+    for (size_t i = 0; i < pending.size(); ++i) {
+      pending[i].wait();
+      result.narrow(0, buckets_[again[i]].start, buckets_[again[i]].length).copy_(spans[i]);
+    }
+    ++regrids_;
+  }
+  // The next step starts on this one's grids.
+  for (size_t b = 0; b < count; ++b)
+    if (actual[b] != kNoGrid) grid_[b] = actual[b];
+  // Back to the gradients' dtype, one rounding from the exact sum.
+  for (size_t b = 0; b < count; ++b) {
+    at::Tensor target = gradients_.narrow(0, buckets_[b].start, buckets_[b].length);
+    if (nonfinite[b]) target.fill_(std::numeric_limits<double>::quiet_NaN());
+    else if (actual[b] == kNoGrid) target.zero_();
+    else dequantize(result.narrow(0, buckets_[b].start, buckets_[b].length), target,
+                    std::ldexp(1.0, kGridBits - actual[b] - headroom));
+  }
+  at::Tensor tail_values = tail_sums.to(at::kDouble);
+  for (int64_t slot : {kValidCount, kLossSum, kSamples}) tail_values[slot].div_(kTailUnit);
+  if (loss_nonfinite) tail_values[kLossSum] = std::numeric_limits<double>::quiet_NaN();
+  gradients_.narrow(0, tail_start, kTailSlots).copy_(tail_values);
 }
 
 double GradientReducer::allreduce_mean(double local_count) {

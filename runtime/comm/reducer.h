@@ -46,6 +46,17 @@ struct ReducerOptions {
   // A parameter without a gradient in a step (on any rank): finish() throws
   // naming it (true), or it counts as zeros and is named once (false).
   bool error_on_unused = true;
+  // Exact summation (comm.summation = exact): each microbatch's gradient is
+  // kept apart, and the step's sum over all microbatches of all ranks is
+  // taken in 64-bit integers on one grid per bucket, so the result does not
+  // depend on the world size, on which rank computed what or on the order
+  // anything arrived. The grid comes from the step before's largest
+  // magnitude (histograms of exponents ride along with the sum); a step
+  // whose largest magnitude left it is summed again on its own grid. The loss sum and counts that ride along go
+  // on a fixed grid of 2^-32. `microbatches_per_step` is the job's k (all
+  // ranks together); it sizes the grid's headroom.
+  bool exact = false;
+  int64_t microbatches_per_step = 1;
 };
 
 class GradientReducer {
@@ -59,14 +70,18 @@ class GradientReducer {
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
-  // Before the backward pass of microbatch `micro` (0-based) of `count`;
-  // microbatch 0 zeroes the gradients. `local_count` is this rank's valid
-  // samples in the step's microbatches up to and including this one;
-  // `local_loss_sum` and `local_samples` likewise (the loss over them, and
-  // every sample seen, valid or not): they ride along and are summed over
-  // ranks (global_loss_sum(), global_samples()).
-  void begin_microbatch(int64_t micro, int64_t count, double local_count,
-                        double local_loss_sum = 0.0, double local_samples = 0.0);
+  // Before the backward pass of microbatch `micro` (0-based) of `count`
+  // on this rank; microbatch 0 zeroes the gradients. `valid`, `loss_sum`
+  // and `samples` are this microbatch's own: its valid targets, the loss
+  // over them, and every sample seen, valid or not. They ride along and are
+  // summed over every microbatch of every rank (global_loss_sum(),
+  // global_samples(), finish()'s count).
+  void begin_microbatch(int64_t micro, int64_t count, double valid, double loss_sum = 0.0,
+                        double samples = 0.0);
+
+  // Exact summation only: after each microbatch's backward, its gradient
+  // is set aside and the buffers zeroed for the next.
+  void end_microbatch();
 
   // After the last backward of the step: completes the all-reduce and
   // leaves sum / global count in every .grad. Returns the global count
@@ -101,6 +116,9 @@ class GradientReducer {
   int64_t bucket_count() const { return int64_t(buckets_.size()); }
   // Buckets whose all-reduce started during backward in the last step.
   int64_t launched_during_backward() const { return launched_early_; }
+  // Exact summation: steps whose grid had to be set again (the first, and
+  // where a bucket's largest magnitude jumped past its predicted grid).
+  int64_t regrids() const { return regrids_; }
   // All-reduces issued in the last step (ready neighbours share one).
   int64_t collectives_last_step() const { return collectives_; }
   // Over all steps so far: the share of gradient bytes whose all-reduce had
@@ -139,6 +157,18 @@ class GradientReducer {
   void launch_ready();
   void launch(size_t first, size_t end);  // buckets [first, end) as one all-reduce
   at::Tensor tail_slot(int64_t slot) const;
+  // The sums of the step over all ranks, exactly (options_.exact), into
+  // gradients_ and its tail slots.
+  void reduce_exactly();
+  // Exact: sums_, grid_ and largest_ sized for this model.
+  void prepare_exact();
+  // Adds bucket b of one microbatch's gradients to sums_ on its current grid.
+  void quantize_bucket(const at::Tensor& microbatch, size_t b);
+  // Adds one microbatch's counts and loss sum (its tail) to sums_.
+  void quantize_tail(const at::Tensor& microbatch);
+  // Bucket b of the step's last microbatch onto its grid and into its
+  // all-reduce (the last bucket with the tail and the histograms).
+  void launch_exact(size_t b);
   std::string missing_gradients() const;
 
   std::vector<std::pair<std::string, at::Tensor>> params_;
@@ -153,6 +183,15 @@ class GradientReducer {
   at::Tensor gradients_;    // every bucket, in bucket order, then the tail slots
   at::Tensor parameters_;   // the same layout, without the tail
   std::vector<at::Tensor> io_;  // spans in flight this step (kept alive until finish)
+  // Exact summation's state within a step (nothing carries over to the
+  // next but the grids it starts on, which only save an all-reduce).
+  std::vector<at::Tensor> held_;  // this step's earlier microbatches, each with its tail (for a redo)
+  at::Tensor sums_;               // int64 sums on the grids, the tail, the histograms (host)
+  std::vector<int> grid_;         // each bucket's grid exponent
+  std::vector<double> largest_;   // each bucket's largest magnitude on this rank this step
+  bool loss_nonfinite_ = false;
+  int64_t regrids_ = 0;           // steps that needed a second all-reduce
+  double counted_[3] = {0, 0, 0};  // float: valid, loss sum, samples so far this step
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
   std::vector<bool> arrived_;       // per parameter, this microbatch

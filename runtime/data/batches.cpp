@@ -8,12 +8,14 @@
 namespace lockstep {
 
 BatchStream::BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed,
-                         int64_t batch_size, int prefetch, int64_t skip, const Augmenter* augmenter,
-                         bool pin_memory)
-    : data_(data), sampler_(data.size(), rank, world_size, seed), batch_size_(batch_size),
-      augmenter_(augmenter), next_index_(skip), prefetch_(prefetch), pin_memory_(pin_memory) {
-  start_epoch(skip / batches_per_epoch());
-  position_ = (skip % batches_per_epoch()) * batch_size_;
+                         int64_t global_batch, int64_t microbatch, int prefetch, int64_t first_step,
+                         const Augmenter* augmenter, bool pin_memory)
+    : data_(data), sampler_(data.size(), seed, global_batch, microbatch),
+      per_rank_(sampler_.microbatches_per_step() / world_size), first_index_(rank * per_rank_),
+      step_(first_step), augmenter_(augmenter), prefetch_(prefetch), pin_memory_(pin_memory) {
+  if (per_rank_ * world_size != sampler_.microbatches_per_step())
+    throw std::invalid_argument("BatchStream: world size " + std::to_string(world_size) + " does not divide " +
+                                std::to_string(sampler_.microbatches_per_step()) + " microbatches");
   if (prefetch_ > 0) producer_ = std::thread([this] { produce(); });
 }
 
@@ -46,16 +48,6 @@ void BatchStream::produce() {
   }
 }
 
-void BatchStream::start_epoch(int64_t epoch) {
-  epoch_ = epoch;
-  order_ = torch::tensor(sampler_.indices(epoch), torch::kInt64);
-  position_ = 0;
-}
-
-int64_t BatchStream::batches_per_epoch() const {
-  return (sampler_.samples_per_rank() + batch_size_ - 1) / batch_size_;
-}
-
 Batch BatchStream::next() {
   if (prefetch_ <= 0) return assemble();
   std::unique_lock<std::mutex> lock(mutex_);
@@ -68,17 +60,17 @@ Batch BatchStream::next() {
 }
 
 Batch BatchStream::assemble() {
-  if (position_ >= order_.numel()) start_epoch(epoch_ + 1);
-  int64_t count = std::min(batch_size_, order_.numel() - position_);
-  at::Tensor rows = order_.narrow(0, position_, count);
-  position_ += count;
+  const int64_t step = step_, j = first_index_ + local_;
+  if (++local_ == per_rank_) local_ = 0, ++step_;
+  const std::vector<int64_t> indices = sampler_.microbatch(step, j);
+  const at::Tensor rows = torch::tensor(indices, torch::kInt64);
   std::vector<int64_t> unreadable;
   at::Tensor inputs = data_.input_rows(rows, &unreadable);
-  if (augmenter_ && augmenter_->active()) inputs = augmenter_->apply(inputs, next_index_);
-  ++next_index_;
+  if (augmenter_ && augmenter_->active())
+    inputs = augmenter_->apply(inputs, step * sampler_.microbatches_per_step() + j);
   at::Tensor targets = data_.target_rows(rows, unreadable);
-  if (pin_memory_) return Batch{inputs.pin_memory(), targets.pin_memory(), epoch_};
-  return Batch{inputs, targets, epoch_};
+  if (pin_memory_) inputs = inputs.pin_memory(), targets = targets.pin_memory();
+  return Batch{inputs, targets, sampler_.epoch_of(step), step, j};
 }
 
 }  // namespace lockstep

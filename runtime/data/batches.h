@@ -1,9 +1,11 @@
 #pragma once
-// This rank's stream of training microbatches, epoch after epoch, in the
-// order DistributedSampler gives. Every batch owns fresh tensors, so a batch
-// kept for gradient accumulation is never overwritten by the next one. With
-// prefetch > 0 a background thread assembles up to that many batches ahead
-// (same order), so gathering rows stays off the training thread.
+// This rank's stream of training microbatches, step after step: of each
+// step's global batch (GlobalBatchSampler) the contiguous block of k / W
+// microbatches that rank r of W computes, r * k / W first. Every batch owns
+// fresh tensors, so a batch kept for gradient accumulation is never
+// overwritten by the next one. With prefetch > 0 a background thread
+// assembles up to that many batches ahead (same order), so gathering rows
+// stays off the training thread.
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -22,40 +24,40 @@ struct Batch {
   at::Tensor inputs;
   at::Tensor targets;
   int64_t epoch = 0;
+  int64_t step = 0;        // the optimizer step it belongs to (0-based)
+  int64_t microbatch = 0;  // its index j in that step's global batch, whichever rank computes it
 };
 
 class Augmenter;
 class BatchStream {
  public:
-  // `skip` batches are passed over first (resuming where a checkpoint left).
-  // `augmenter` (may be null) changes each batch's inputs by its index in this stream.
+  // Starts at step `first_step` (resuming where a checkpoint left).
+  // `augmenter` (may be null) changes each batch's inputs by the batch's
+  // global index (step * k + microbatch): the same draws on any world size.
   // `pin_memory`: batches come in page-locked host memory, ready for an
   // asynchronous copy to a GPU (pinned on the background thread when there is one).
-  BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed, int64_t batch_size,
-              int prefetch = 0, int64_t skip = 0, const Augmenter* augmenter = nullptr,
-              bool pin_memory = false);
+  BatchStream(const Dataset& data, int rank, int world_size, uint64_t seed, int64_t global_batch,
+              int64_t microbatch, int prefetch = 0, int64_t first_step = 0,
+              const Augmenter* augmenter = nullptr, bool pin_memory = false);
   ~BatchStream();
   BatchStream(const BatchStream&) = delete;
   BatchStream& operator=(const BatchStream&) = delete;
   // The next batch; rethrows a failure of the background thread.
   Batch next();
-  // Batches per epoch on this rank (the last one may be smaller).
-  int64_t batches_per_epoch() const;
+  // Optimizer steps per epoch (floor of samples / global batch).
+  int64_t steps_per_epoch() const { return sampler_.steps_per_epoch(); }
 
  private:
-  void start_epoch(int64_t epoch);
   Batch assemble();  // the next batch, on whichever thread asks
   void produce();    // the background thread
 
 
   const Dataset& data_;
-  DistributedSampler sampler_;
-  int64_t batch_size_;
-  int64_t epoch_ = -1;
-  at::Tensor order_;     // this epoch's indices
-  int64_t position_ = 0;
+  GlobalBatchSampler sampler_;
+  int64_t per_rank_;        // microbatches of a step on this rank: k / W
+  int64_t first_index_;     // this rank's first microbatch of a step: r * k / W
+  int64_t step_ = 0, local_ = 0;  // of the next batch assembled
   const Augmenter* augmenter_ = nullptr;
-  int64_t next_index_ = 0;  // of the next batch assembled, in this rank's stream
 
   const int prefetch_;
   const bool pin_memory_;

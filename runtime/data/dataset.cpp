@@ -300,7 +300,19 @@ void split_validation(const DataSection& section, uint64_t seed, TrainTestData& 
   data.description += "; validation " + std::to_string(held) + " held out of " + std::to_string(total);
 }
 
-TrainTestData load_data(const DataSection& data, uint64_t seed) {
+namespace {
+
+// A step's global batch must fit in the training set (after a validation split).
+void check_global_batch_fits(const DataSection& data, const TrainTestData& loaded) {
+  const int64_t samples = loaded.train.size();
+  if (data.global_batch > samples)
+    throw InputError("data.global_batch = " + std::to_string(data.global_batch) + " is more than the " +
+                     std::to_string(samples) + " training samples of " + loaded.description +
+                     ": not one step fits in an epoch; use a global batch of at most " + std::to_string(samples) +
+                     " (data.global_batch, or data.batch_size x train.accum_steps x job.world_size)");
+}
+
+TrainTestData load_checked(const DataSection& data, uint64_t seed) {
   if (data.name == "arrays" || data.name == "images") {
     TrainTestData out = data.name == "arrays" ? load_arrays(data) : load_image_folders(data);
     split_validation(data, seed, out);
@@ -310,6 +322,14 @@ TrainTestData load_data(const DataSection& data, uint64_t seed) {
                           ? make_synthetic(data.synthetic_samples, seed, data.missing_targets)
                           : load_fashion_mnist(data.path);
   split_validation(data, seed, out);
+  return out;
+}
+
+}  // namespace
+
+TrainTestData load_data(const DataSection& data, uint64_t seed) {
+  TrainTestData out = load_checked(data, seed);
+  check_global_batch_fits(data, out);
   return out;
 }
 

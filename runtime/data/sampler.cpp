@@ -53,4 +53,24 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   return mine;
 }
 
+GlobalBatchSampler::GlobalBatchSampler(int64_t dataset_size, uint64_t seed, int64_t global_batch,
+                                       int64_t microbatch)
+    : size_(dataset_size), global_batch_(global_batch), microbatch_(microbatch), seed_(seed) {
+  if (microbatch <= 0 || global_batch <= 0 || global_batch % microbatch != 0 || global_batch > dataset_size)
+    throw std::invalid_argument("GlobalBatchSampler: need 0 < microbatch | global_batch <= size (size " +
+                                std::to_string(dataset_size) + ", global batch " + std::to_string(global_batch) +
+                                ", microbatch " + std::to_string(microbatch) + ")");
+  steps_per_epoch_ = size_ / global_batch_;
+}
+
+std::vector<int64_t> GlobalBatchSampler::microbatch(int64_t step, int64_t j) {
+  const int64_t epoch = epoch_of(step);
+  if (epoch != epoch_) {
+    permutation_ = DistributedSampler::permutation(size_, seed_, epoch);
+    epoch_ = epoch;
+  }
+  const int64_t start = (step % steps_per_epoch_) * global_batch_ + j * microbatch_;
+  return std::vector<int64_t>(permutation_.begin() + start, permutation_.begin() + start + microbatch_);
+}
+
 }  // namespace lockstep

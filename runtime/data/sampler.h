@@ -30,4 +30,28 @@ class DistributedSampler {
   int64_t per_rank_;
 };
 
+// The work of each optimizer step, whatever the world size: step s of
+// epoch e = s / steps_per_epoch takes positions [t G, (t + 1) G) of epoch
+// e's permutation (t = s mod steps_per_epoch, G = global_batch), and
+// microbatch j of it the m = microbatch positions [t G + j m, t G + (j+1) m).
+// An epoch has floor(N / G) steps: the N mod G samples left at its end
+// (others each epoch) are not trained on in it. Which rank computes a
+// microbatch is not its business.
+class GlobalBatchSampler {
+ public:
+  GlobalBatchSampler(int64_t dataset_size, uint64_t seed, int64_t global_batch, int64_t microbatch);
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  int64_t microbatches_per_step() const { return global_batch_ / microbatch_; }
+  int64_t epoch_of(int64_t step) const { return step / steps_per_epoch_; }
+  // The sample indices of microbatch j of step `step`, in order. Not thread-safe
+  // (it keeps the current epoch's permutation).
+  std::vector<int64_t> microbatch(int64_t step, int64_t j);
+
+ private:
+  int64_t size_, global_batch_, microbatch_, steps_per_epoch_;
+  uint64_t seed_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> permutation_;
+};
+
 }  // namespace lockstep

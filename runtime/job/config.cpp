@@ -256,6 +256,7 @@ JobConfig load_job_config(const std::string& path, const std::vector<std::string
   apply_table(config, table, "", path);
   apply_overrides(config, overrides);
   validate(config);
+  resolve_global_batch(config);
   if (config.data.name == "images" && config.sources["data.scale"] == "default") {
     config.data.scale = 1.0 / 255.0;
     ConfigDecision d{"data.scale", "1/255", "data.name = images: 8-bit pixels become 0 to 1; set "

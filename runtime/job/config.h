@@ -69,7 +69,15 @@ struct DataSection {
   int64_t channels = 0;                  // images: 1 (grey) or 3 (RGB); 0 = as the first training image
   int64_t workers = 0;                   // images: decoding threads per rank; 0 = from the cores
   std::string bad_files = "error";       // images: error | skip (a file that does not decode)
-  int64_t batch_size = 64;               // per rank, per microbatch
+  int64_t batch_size = 64;               // per rank, per microbatch (data.microbatch when that is set)
+  // The work of one optimizer step, whatever the world size: global_batch
+  // samples cut into global_batch / microbatch microbatches in a fixed
+  // order, rank r of W computing a contiguous block of k / W of them. 0 =
+  // derived from the per-rank keys (batch_size x accum_steps x world_size,
+  // batch_size); resolved at load (resolve_global_batch), so after it both
+  // are set and batch_size, train.accum_steps follow from them.
+  int64_t global_batch = 0;
+  int64_t microbatch = 0;
   int64_t synthetic_samples = 4096;      // training samples of the synthetic set
   double missing_targets = 0.0;          // synthetic: share of labels set to -1
   int64_t prefetch = 4;                  // batches assembled ahead by a background thread
@@ -102,12 +110,16 @@ struct EvalSection {
 struct CommSection {
   std::string backend = "auto";        // auto | gloo | nccl (data group)
   double bucket_mb = 25.0;             // gradient bytes per all-reduce
-  bool overlap = true;                 // start a bucket's all-reduce during backward
+  bool overlap = true;                 // start a bucket's all-reduce during backward (summation = float)
+  // The gradient sum over microbatches and ranks: exact (64-bit integers on
+  // one grid per bucket: the same bits on any world size) | float (LibTorch's
+  // float sums in the all-reduce's order: bits depend on the world size)
+  std::string summation = "exact";
   std::string unused_parameters = "error";  // a parameter without a gradient: error | zero
   // Buffers (BatchNorm running statistics, ...): broadcast (rank 0's to all,
   // as PyTorch DDP does) | average (floating ones averaged after each step)
   // | local (each rank keeps its own)
-  std::string buffers = "broadcast";
+  std::string buffers = "auto";
   double barrier_timeout_s = 60.0;     // control group: barriers, checks
   double collective_timeout_s = 300.0; // data group: gradient all-reduce
   double rendezvous_timeout_s = 120.0; // reaching the coordinator and the store, connecting the groups
@@ -173,7 +185,7 @@ struct PrecisionSection {
 // Switches that exist so tests can make the checks fail. Never needed in a
 // real job; each one that is set is logged as a warning.
 struct TestSection {
-  bool no_reseed = false;       // skip manual_seed(seed + rank)
+  bool no_reseed = false;       // every microbatch seeded with job.seed (the streams then repeat)
   int64_t hold_rank = -1;       // this rank sleeps hold_s before the start barrier
   double hold_s = 0.0;
   int64_t fail_rank = -1;       // this rank fails at fail_step ...
@@ -219,6 +231,12 @@ void apply_overrides(JobConfig& config, const std::vector<std::string>& override
 
 // Cross-key checks (steps xor epochs, ...). Throws InputError.
 void validate(const JobConfig& config);
+// data.global_batch and data.microbatch from the per-rank keys (recorded as
+// a decision), or the per-rank keys from them; InputError for a world size
+// that does not divide the microbatches of a step (naming the ones that
+// do), a global batch that is not a multiple of the microbatch, and per-rank
+// keys that contradict them.
+void resolve_global_batch(JobConfig& config);
 
 // A number as the job's messages print it: six significant digits ("0.001", "1e+06").
 std::string format_number(double x);

@@ -118,6 +118,73 @@ void validate(const JobConfig& config) {
                      config.data.name + ")");
 }
 
+void resolve_global_batch(JobConfig& config) {
+  DataSection& data = config.data;
+  const int64_t world = config.job.world_size;
+  // Printed by the ranks, once, with their own decisions.
+  auto record = [&](const std::string& what, const std::string& value, const std::string& reason) {
+    config.decisions.push_back(ConfigDecision{what, value, reason});
+  };
+  // The command line (a user's --set, or a resume's stored settings) that
+  // sets data.global_batch replaces the job file's per-rank keys, as
+  // job.steps replaces job.epochs.
+  if (data.global_batch > 0 && config.sources["data.global_batch"] == "--set")
+    for (const char* key : {"data.batch_size", "train.accum_steps"}) {
+      const std::string source = config.sources[key];
+      if (source == "default" || source == "--set") continue;
+      record("per_rank_batch_replaced", key,
+             "--set data.global_batch = " + std::to_string(data.global_batch) + " replaces " + key +
+                 " from " + source + " (the world size divides the global batch)");
+      config.sources[key] = "default";
+    }
+  auto set_by_user = [&](const char* key) { return config.sources[key] != "default"; };
+  if (data.global_batch == 0 && data.microbatch == 0) {  // the per-rank keys, as before
+    data.microbatch = data.batch_size;
+    data.global_batch = data.batch_size * config.train.accum_steps * world;
+    record("data.global_batch", std::to_string(data.global_batch),
+           "from data.batch_size = " + std::to_string(data.batch_size) + " per rank x train.accum_steps = " +
+               std::to_string(config.train.accum_steps) + " x job.world_size = " + std::to_string(world) +
+               "; data.microbatch = " + std::to_string(data.microbatch) +
+               ": set data.global_batch and data.microbatch to fix the work of a step for any world size");
+    return;
+  }
+  if (data.microbatch == 0) data.microbatch = data.batch_size;
+  if (data.global_batch == 0)
+    throw InputError("data.microbatch = " + std::to_string(data.microbatch) + " needs data.global_batch: the "
+                     "samples of one optimizer step over all ranks (a multiple of data.microbatch)");
+  if (set_by_user("data.batch_size") && data.batch_size != data.microbatch)
+    throw InputError("data.batch_size = " + std::to_string(data.batch_size) + " and data.microbatch = " +
+                     std::to_string(data.microbatch) + " disagree: with data.global_batch set, leave "
+                     "data.batch_size out (data.microbatch is the batch of one forward)");
+  if (data.global_batch % data.microbatch != 0)
+    throw InputError("data.global_batch = " + std::to_string(data.global_batch) + " is not a multiple of "
+                     "data.microbatch = " + std::to_string(data.microbatch) + "; make it one (for example " +
+                     std::to_string((data.global_batch / data.microbatch + 1) * data.microbatch) + ")");
+  const int64_t k = data.global_batch / data.microbatch;
+  if (k % world != 0) {
+    std::string working;
+    for (int64_t w = 1; w <= k && working.size() < 200; ++w)
+      if (k % w == 0) working += (working.empty() ? "" : ", ") + std::to_string(w);
+    throw InputError("job.world_size = " + std::to_string(world) + " does not divide the " + std::to_string(k) +
+                     " microbatches of a step (data.global_batch = " + std::to_string(data.global_batch) +
+                     " / data.microbatch = " + std::to_string(data.microbatch) + "); world sizes that do: " +
+                     working);
+  }
+  if (set_by_user("train.accum_steps") && config.train.accum_steps != k / world)
+    throw InputError("train.accum_steps = " + std::to_string(config.train.accum_steps) + ", but data.global_batch = " +
+                     std::to_string(data.global_batch) + " on " + std::to_string(world) + " rank(s) of data.microbatch = " +
+                     std::to_string(data.microbatch) + " means " + std::to_string(k / world) +
+                     " microbatches per rank; leave train.accum_steps out");
+  data.batch_size = data.microbatch;
+  config.train.accum_steps = k / world;
+  record("microbatches_per_rank", std::to_string(k / world),
+         "data.global_batch = " + std::to_string(data.global_batch) + " in " + std::to_string(k) +
+             " microbatches of " + std::to_string(data.microbatch) + "; rank r of " + std::to_string(world) +
+             " computes microbatches " + (world == 1 ? std::string("0.." + std::to_string(k - 1))
+                                                     : "r*" + std::to_string(k / world) + " to r*" +
+                                                           std::to_string(k / world) + "+" + std::to_string(k / world - 1)));
+}
+
 std::vector<std::string> split_names(const std::string& text) {
   std::vector<std::string> names;
   std::stringstream items(text);

@@ -284,7 +284,9 @@ int threads_per_rank(const JobConfig& config, const CpuBudget& budget, int local
     threads = budget.omp_num_threads;
     why += ", capped by OMP_NUM_THREADS = " + std::to_string(budget.omp_num_threads);
   }
-  *reason = why + "; job.threads_per_rank = 0 (derived): set it for the same bits on any placement";
+  *reason = why + "; job.threads_per_rank = 0 (derived): the thread count is the one thing that ties "
+                  "the bits to the placement (kernels sum in an order set by it); set "
+                  "job.threads_per_rank for the same bits on any world size and host";
   return threads;
 }
 

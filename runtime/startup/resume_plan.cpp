@@ -35,8 +35,18 @@ ResumePlan plan_resume(const std::string& resume_dir, std::vector<std::string>& 
   // The user's --set of either length key replaces both stored ones:
   // exactly one of job.steps and job.epochs may be set.
   bool length_given = false;
-  for (const auto& item : overrides)
+  // Likewise the batch keys: the stored global batch and microbatch stay
+  // unless the user sets one of the four; the per-rank ones are derived
+  // from them again (for the world size of this run).
+  bool batch_given = false;
+  const auto is_batch_key = [](const std::string& key) {
+    return key == "data.batch_size" || key == "train.accum_steps" || key == "data.global_batch" ||
+           key == "data.microbatch";
+  };
+  for (const auto& item : overrides) {
     length_given |= item.rfind("job.steps=", 0) == 0 || item.rfind("job.epochs=", 0) == 0;
+    batch_given |= is_batch_key(item.substr(0, item.find('=')));
+  }
   for (const auto& item : found->meta.value("settings", nlohmann::json::array())) {
     if (!item.is_string()) continue;
     const std::string text = item.get<std::string>();
@@ -44,6 +54,7 @@ ResumePlan plan_resume(const std::string& resume_dir, std::vector<std::string>& 
     // test.* switches break one run on purpose; the resume is a new attempt.
     if (key == "job.run_dir" || key == "checkpoint.resume" || key.rfind("test.", 0) == 0) continue;
     if (length_given && (key == "job.steps" || key == "job.epochs")) continue;
+    if (is_batch_key(key) && (batch_given || key == "data.batch_size" || key == "train.accum_steps")) continue;
     base.push_back(text);
   }
   spdlog::info("Decision: resume_settings = those stored in the checkpoint of step {} ({} settings), "
@@ -59,7 +70,7 @@ bool resume_is_already_done(const ResumePlan& plan, const JobConfig& config) {
   if (plan.run_id.empty() || plan.step < 0) return false;
   // A setting the run must keep, checked before anything starts (the
   // workers check again).
-  if (const std::string conflict = resume_conflict(plan.meta, config, config.job.world_size); !conflict.empty())
+  if (const std::string conflict = resume_conflict(plan.meta, config); !conflict.empty())
     throw InputError("--resume " + plan.checkpoint_folder + ": " + conflict);
   if (config.job.steps <= 0) return false;
   if (plan.step > config.job.steps)

@@ -4,14 +4,61 @@
 
 #include <torch/torch.h>
 
+#include "runtime/comm/exact_sum.h"
+
 namespace lockstep {
 
 BufferPolicy::BufferPolicy(std::string policy, NamedTensors buffers, CollectiveGroup& group)
     : policy_(std::move(policy)), buffers_(std::move(buffers)), group_(group) {}
 
-void BufferPolicy::sync() {
+void BufferPolicy::begin_microbatch(int64_t micro) {
+  if (policy_ != "mean" || buffers_.empty()) return;
+  torch::NoGradGuard no_grad;
+  if (micro == 0) {
+    step_start_.clear();
+    changes_.clear();
+    for (const auto& [name, tensor] : buffers_) step_start_.push_back(tensor.clone());
+    return;
+  }
+  for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].second.copy_(step_start_[i]);
+}
+
+void BufferPolicy::end_microbatch() {
+  if (policy_ != "mean" || buffers_.empty()) return;
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> flat;
+  for (size_t i = 0; i < buffers_.size(); ++i)
+    flat.push_back(buffers_[i].second.sub(step_start_[i]).to(at::kDouble).reshape({-1}));
+  changes_.push_back(torch::cat(flat));
+}
+
+void BufferPolicy::sync(int64_t total_microbatches) {
+  if (policy_ == "mean") return apply_mean_change(total_microbatches);
   if (!active() || group_.size() == 1) return;
   broadcast_all();
+}
+
+void BufferPolicy::apply_mean_change(int64_t total_microbatches) {
+  if (buffers_.empty() || step_start_.empty()) return;
+  torch::NoGradGuard no_grad;
+  int64_t columns = 0;
+  for (const auto& start : step_start_) columns += start.numel();
+  const at::Tensor rows = changes_.empty() ? torch::zeros({0, columns}, torch::kDouble) : torch::stack(changes_);
+  const std::vector<double> sums =
+      exact_column_sums(group_, rows, columns, total_microbatches, buffers_.front().second.device());
+  at::Tensor mean = torch::tensor(sums, torch::kDouble).div_(double(total_microbatches));
+  int64_t offset = 0;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    at::Tensor& buffer = buffers_[i].second;
+    const at::Tensor change = mean.narrow(0, offset, buffer.numel()).view(buffer.sizes());
+    offset += buffer.numel();
+    // start + mean change, rounded once to the buffer's dtype (counters: to the nearest integer).
+    at::Tensor value = step_start_[i].to(at::kCPU).to(at::kDouble).add(change);
+    if (!at::isFloatingType(buffer.scalar_type())) value = value.round();
+    buffer.copy_(value.to(buffer.scalar_type()));
+  }
+  step_start_.clear();
+  changes_.clear();
 }
 
 std::vector<at::Tensor> BufferPolicy::take_rank_zero_buffers() {
@@ -54,11 +101,18 @@ void BufferPolicy::broadcast_all() {
 
 std::string BufferPolicy::value() const {
   if (buffers_.empty()) return "none to share";
+  if (policy_ == "mean") return "mean of the microbatches' changes (" + std::to_string(buffers_.size()) + " buffers)";
+  if (buffers_.empty()) return "none to share";
   return policy_ + " (" + std::to_string(buffers_.size()) + " buffers)";
 }
 
 std::string BufferPolicy::reason() const {
   if (buffers_.empty()) return "the model has no buffers";
+  if (policy_ == "mean")
+    return "comm.buffers = mean: every microbatch's forward starts from the step's buffers and the "
+           "step applies the mean of the microbatches' changes, summed exactly over all of them: the "
+           "same buffers at any world size (a running mean moves as after one forward over the "
+           "global batch)";
   if (policy_ == "broadcast")
     return "comm.buffers = broadcast: rank 0's buffers go to every rank after each step, as "
            "PyTorch DDP sends them before each forward; every rank evaluates and saves the same";

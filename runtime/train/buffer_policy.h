@@ -1,6 +1,12 @@
 #pragma once
 // What happens to a model's buffers (BatchNorm running statistics,
 // counters) across ranks, per comm.buffers:
+//   mean       every microbatch's forward starts from the step's buffers;
+//              the step applies the mean of the microbatches' changes,
+//              summed exactly (exact_sum.h): the same bits at any world
+//              size, and for a running mean the change one forward over
+//              the whole global batch would make (the default with
+//              comm.summation = exact)
 //   broadcast  every rank takes rank 0's (PyTorch DDP's default; done after
 //              each step, which for the next forward is the same as before it)
 //   average    floating buffers become the mean over ranks; integer ones
@@ -9,6 +15,7 @@
 // After sync() the buffers are what the audit, the evaluation, checkpoints
 // and the saved model see. One collective per dtype; every rank must call
 // sync() together.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -20,7 +27,12 @@ namespace lockstep {
 class BufferPolicy {
  public:
   BufferPolicy(std::string policy, NamedTensors buffers, CollectiveGroup& group);
-  void sync();
+  // Around each microbatch's forward (mean only; nothing otherwise):
+  // `micro` counts this rank's microbatches in the step from 0.
+  void begin_microbatch(int64_t micro);
+  void end_microbatch();
+  // After the step's microbatches: `total_microbatches` is k, every rank's together.
+  void sync(int64_t total_microbatches = 1);
   // Runs `evaluate` with rank 0's buffers on every rank, so that the
   // figures reported are those of the model rank 0 saves. Under local each
   // rank's own buffers are put back after; otherwise they are rank 0's already.
@@ -42,8 +54,12 @@ class BufferPolicy {
   void restore(const std::vector<at::Tensor>& own);
   void broadcast_all();
 
+  void apply_mean_change(int64_t total_microbatches);
+
   std::string policy_;
   NamedTensors buffers_;
+  std::vector<at::Tensor> step_start_;   // mean: the buffers as the step found them
+  std::vector<at::Tensor> changes_;      // mean: each microbatch's change, flat, in double
   CollectiveGroup& group_;
 };
 

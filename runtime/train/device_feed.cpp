@@ -42,8 +42,9 @@ Batch DeviceFeed::next() {
   auto start_copy = [&] {
     Batch host = stream_.next();  // pinned by the stream's producer
     c10::cuda::CUDAStreamGuard on_copies(cuda_->copies);
-    cuda_->ahead = Batch{host.inputs.to(device_, /*non_blocking=*/true),
-                         host.targets.to(device_, /*non_blocking=*/true), host.epoch};
+    cuda_->ahead = host;
+    cuda_->ahead->inputs = host.inputs.to(device_, /*non_blocking=*/true);
+    cuda_->ahead->targets = host.targets.to(device_, /*non_blocking=*/true);
     cuda_->copied.record(cuda_->copies);  // the pinned source stays alive until then (the host allocator's events)
   };
   if (!cuda_->ahead) start_copy();

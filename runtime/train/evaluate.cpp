@@ -6,6 +6,7 @@
 #include <spdlog/fmt/fmt.h>
 #include <torch/torch.h>
 
+#include "runtime/comm/exact_sum.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/base/errors.h"
 #include "runtime/loss/objective.h"
@@ -19,34 +20,37 @@ EvalResult evaluate(Model& model, const Objective& objective, const Dataset& tes
   torch::NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.train(false);
-  std::vector<double> sums;
-  at::Tensor mine = torch::arange(rank, test.size(), world_size, torch::kInt64);
-  for (int64_t start = 0; start < mine.numel(); start += batch_size) {
-    at::Tensor rows = mine.narrow(0, start, std::min(batch_size, mine.numel() - start));
+  // The test set in chunks of batch_size in order, rank r of W taking a
+  // contiguous block of them; each chunk's sums are one item of an exact
+  // sum, so the figures do not depend on the world size.
+  const int64_t chunks = (test.size() + batch_size - 1) / batch_size;
+  const int64_t first = chunks * rank / world_size, end = chunks * (rank + 1) / world_size;
+  std::vector<std::vector<double>> rows;
+  for (int64_t chunk = first; chunk < end; ++chunk) {
+    const int64_t start = chunk * batch_size;
+    at::Tensor indices = torch::arange(start, std::min(start + batch_size, test.size()), torch::kInt64);
     std::vector<int64_t> unreadable;
-    const at::Tensor inputs = test.input_rows(rows, &unreadable).to(model.device());
-    const at::Tensor targets = test.target_rows(rows, unreadable).to(model.device());
-    std::vector<double> batch;
+    const at::Tensor inputs = test.input_rows(indices, &unreadable).to(model.device());
+    const at::Tensor targets = test.target_rows(indices, unreadable).to(model.device());
     run_model_call(where, precision, model, [&] {
-      batch = objective.metric_sums(forward_output(model, inputs, autocast_dtype(precision)),
-                                    targets);
+      rows.push_back(objective.metric_sums(forward_output(model, inputs, autocast_dtype(precision)), targets));
     });
-    if (sums.empty()) sums.assign(batch.size(), 0.0);
-    for (size_t i = 0; i < batch.size(); ++i) sums[i] += batch[i];
   }
-  // A rank with no test sample (more ranks than samples) still takes part:
-  // its sums are learned from a forward of one sample, then zeroed.
-  if (sums.empty()) {
+  // A rank with no chunk (more ranks than chunks) still takes part: the
+  // number of sums is learned from a forward of one sample.
+  int64_t columns = rows.empty() ? 0 : int64_t(rows.front().size());
+  if (rows.empty()) {
     at::Tensor output = forward_output(model, test.input_rows(torch::zeros({1}, torch::kLong)).to(model.device()),
                                        autocast_dtype(precision));
-    sums.assign(objective.metric_sums(output, test.targets.narrow(0, 0, 1).to(model.device())).size(), 0.0);
+    columns = int64_t(objective.metric_sums(output, test.targets.narrow(0, 0, 1).to(model.device())).size());
   }
   model.train(was_training);
+  at::Tensor table = torch::zeros({int64_t(rows.size()), columns}, torch::kDouble);
+  auto cells = table.accessor<double, 2>();
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (int64_t c = 0; c < columns; ++c) cells[int64_t(r)][c] = rows[r][size_t(c)];
   // On the model's device: NCCL reduces CUDA tensors only.
-  std::vector<at::Tensor> totals{torch::tensor(sums, torch::kDouble).to(model.device())};
-  group.allreduce_sum(totals).wait();
-  const at::Tensor all = totals[0].cpu();
-  for (size_t i = 0; i < sums.size(); ++i) sums[i] = all[int64_t(i)].item<double>();
+  const std::vector<double> sums = exact_column_sums(group, table, columns, chunks, model.device());
   EvalResult result;
   result.samples = test.size();
   result.metrics = objective.metrics(sums);

@@ -1,7 +1,9 @@
 #pragma once
-// Evaluation on the test set, the same figures on every rank: each test
-// sample is seen exactly once (rank r takes samples r, r + W, ...), the
-// objective's sums are all-reduced, and the metrics come from the totals.
+// Evaluation on the test set, the same figures on every rank and at every
+// world size: the test set is cut into chunks of the evaluation batch in
+// order, each seen exactly once (rank r of W takes a contiguous block), the
+// objective's sums per chunk are summed exactly over all chunks
+// (exact_sum.h), and the metrics come from the totals.
 #include <cstdint>
 #include <string>
 
@@ -21,8 +23,8 @@ struct EvalResult {
 class Model;
 class Objective;
 class CollectiveGroup;
-// Evaluates on the test set: rank r takes samples r, r + W, ...; sums are
-// all-reduced on `group`, so every rank returns the same figures. The
+// Evaluates on the test set: rank r takes chunks [rC/W, (r+1)C/W); sums are
+// summed exactly on `group`, so every rank returns the same figures. The
 // forward runs at `precision` (fp32 | bf16). What the model raises is a
 // ModelFailure that begins with `where` ("evaluation at step 20").
 EvalResult evaluate(Model& model, const Objective& objective, const Dataset& test, int rank,

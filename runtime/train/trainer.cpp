@@ -15,6 +15,7 @@
 #include "optim/optimizer.h"
 #include "runtime/train/buffer_policy.h"
 #include "runtime/train/device_feed.h"
+#include "runtime/audit/seeding.h"
 #include "runtime/checkpoint/checkpoint.h"
 #include "runtime/data/augment.h"
 #include "runtime/base/errors.h"
@@ -47,11 +48,14 @@ optim::OptimizerSpec optimizer_spec(const OptimSection& optim) {
   return spec;
 }
 
-ReducerOptions reducer_options(const CommSection& comm) {
+ReducerOptions reducer_options(const JobConfig& config) {
+  const CommSection& comm = config.comm;
   ReducerOptions options;
   options.bucket_bytes = std::max<int64_t>(1, int64_t(comm.bucket_mb * (1 << 20)));
   options.overlap = comm.overlap;
   options.error_on_unused = comm.unused_parameters == "error";
+  options.exact = comm.summation == "exact";
+  options.microbatches_per_step = config.data.global_batch / std::max<int64_t>(1, config.data.microbatch);
   return options;
 }
 
@@ -118,14 +122,27 @@ class StepLoop {
 StepLoop::StepLoop(TrainerParts& parts)
     : parts_(parts), config_(parts.config), model_(*parts.model), parameters_(model_.parameters()),
       objective_(make_objective(config_.loss, model_)),
-      reducer_(parameters_, parts.data_group, reducer_options(config_.comm)),
+      reducer_(parameters_, parts.data_group, reducer_options(config_)),
       checkpoints_(parts.checkpoint_dir), device_(parts.model->device()) {
   const JobConfig& config = config_;
+  parts_.decisions.record(
+      "comm.summation", config.comm.summation,
+      config.comm.summation == "exact"
+          ? "each microbatch's gradient, loss sum and counts are summed over the step's " +
+                std::to_string(reducer_options(config).microbatches_per_step) +
+                " microbatches and every rank in 64-bit integers (one grid per bucket, from a max "
+                "all-reduce): the same bits on any world size, whichever rank computed what"
+          : "comm.summation = float: LibTorch's float sums in the all-reduce's order, started "
+            "during backward; the bits depend on the world size and on which rank computed what "
+            "(exact, the default, keeps them)",
+      /*warn=*/false);
   parts_.decisions.record("gradient_buckets", std::to_string(reducer_.bucket_count()),
                           "comm.bucket_mb = " + fmt::format("{:g}", config.comm.bucket_mb) +
                               ", first bucket at most 1 MiB, reverse registration order, " +
-                              (config.comm.overlap ? "all-reduce started during backward"
-                                                   : "all-reduce after backward (comm.overlap = false)") +
+                              (config.comm.summation == "exact"
+                                   ? "summed after the step's last backward"
+                                   : config.comm.overlap ? "all-reduce started during backward"
+                                                         : "all-reduce after backward (comm.overlap = false)") +
                               "; parameters and gradients live in one buffer each, the "
                               "optimizer updates all of them per operation");
   auto [flat_params, flat_grads] = reducer_.flat();
@@ -146,30 +163,30 @@ StepLoop::StepLoop(TrainerParts& parts)
     parts_.events.write({{"event", "resumed"}, {"step", first_step_}, {"folder", parts_.resume->folder}});
   }
   if (parts_.steps_done) *parts_.steps_done = first_step_;
-  const uint64_t rank_seed = uint64_t(config.job.seed) + (config.test.no_reseed ? 0 : uint64_t(parts_.rank));
-  augmenter_.emplace(parse_augment(config.data.augment), rank_seed);
+  const int64_t per_step = config.data.global_batch / config.data.microbatch;
+  const int64_t first_index = parts_.rank * config.train.accum_steps;  // this rank's first microbatch of a step
+  augmenter_.emplace(parse_augment(config.data.augment), uint64_t(config.job.seed));
   if (augmenter_->active()) {
     const at::Tensor sample = parts_.data.train.input_rows(torch::zeros({1}, torch::kLong));
-    const uint64_t first = augmenter_->draws_hash(microbatches_done_, config.data.batch_size,
-                                                  sample.size(-2), sample.size(-1));
+    const int64_t index = first_step_ * per_step + first_index;
+    const uint64_t first = augmenter_->draws_hash(index, config.data.batch_size, sample.size(-2), sample.size(-1));
     parts_.decisions.record("augment", config.data.augment,
-                            "drawn from this rank's stream (training seed " + std::to_string(rank_seed) +
-                                " and the batch's index): different on every rank, the same in a "
-                                "rerun and after a resume");
+                            "drawn from the job's seed and the microbatch's index in the run (step x " +
+                                std::to_string(per_step) + " + its place in the step): different for every "
+                                "microbatch, the same whichever rank computes it, in a rerun and after a resume");
     parts_.events.write({{"event", "augment"}, {"steps", config.data.augment},
-                         {"batch_index", microbatches_done_},
-                         {"draws_hash", fmt::format("{:016x}", first)}});
+                         {"batch_index", index}, {"draws_hash", fmt::format("{:016x}", first)}});
   }
   batches_.emplace(parts_.data.train, parts_.rank, parts_.world_size, uint64_t(config.job.seed),
-                   config.data.batch_size, int(config.data.prefetch), microbatches_done_, &*augmenter_,
-                   /*pin_memory=*/device_.is_cuda());
+                   config.data.global_batch, config.data.microbatch, int(config.data.prefetch), first_step_,
+                   &*augmenter_, /*pin_memory=*/device_.is_cuda());
   feed_.emplace(*batches_, device_);
   if (device_.is_cuda())
     parts_.decisions.record("batch_copies", "pinned, one batch ahead on a copy stream",
                             "this rank trains on " + device_.str() + ": batches are pinned in host "
                             "memory as they are assembled, and the next one's host-to-device copy "
                             "overlaps the current step's compute");
-  steps_ = total_steps(config, batches_->batches_per_epoch());
+  steps_ = total_steps(config, batches_->steps_per_epoch());
   if (parts_.observer) parts_.observer->on_total_steps(steps_);
   if (parts_.resume && first_step_ > steps_)
     throw InputError("the checkpoint to resume is at step " + std::to_string(first_step_) + ", past the " +
@@ -181,9 +198,9 @@ StepLoop::StepLoop(TrainerParts& parts)
                                 ", the job's last: the run was already complete", /*warn=*/true);
   schedule_ = {config.optim.lr, config.optim.warmup_steps, steps_, config.optim.schedule};
   if (parts_.rank == 0)
-    spdlog::info("training {} steps: {} batches of {} per rank per epoch, accum_steps {}, {} ranks",
-                 steps_, batches_->batches_per_epoch(), config.data.batch_size,
-                 config.train.accum_steps, parts_.world_size);
+    spdlog::info("training {} steps: {} per epoch, each a global batch of {} in {} microbatches of {}, "
+                 "{} per rank on {} ranks", steps_, batches_->steps_per_epoch(), config.data.global_batch,
+                 per_step, config.data.microbatch, config.train.accum_steps, parts_.world_size);
 
   // Precision: autocast for the forward, fp32 children, the overflow finder.
   autocast_ = autocast_dtype(parts_.precision);
@@ -213,8 +230,25 @@ StepLoop::StepLoop(TrainerParts& parts)
                           "loss " + objective_->name() + ": every rank's loss sum and count of valid " +
                               objective_->unit() + "s ride along with the gradient all-reduce, so the "
                               "logged loss is comparable across world sizes");
-  buffers_.emplace(config.comm.buffers, model_.buffers(), parts_.data_group);
-  parts_.decisions.record("buffers", buffers_->value(), buffers_->reason());
+  {
+    // auto: the rule that keeps the bits of the summation chosen.
+    const bool exact = config.comm.summation == "exact";
+    std::string policy = config.comm.buffers;
+    if (policy == "auto") policy = exact ? "mean" : "broadcast";
+    buffers_.emplace(policy, model_.buffers(), parts_.data_group);
+    const bool ties_bits_to_placement = exact && policy != "mean" && !model_.buffers().empty();
+    parts_.decisions.record(
+        "buffers", buffers_->value(),
+        (config.comm.buffers == "auto" ? "comm.buffers = auto, " + policy + " with comm.summation = " +
+                                             config.comm.summation + ". "
+                                       : std::string()) +
+            buffers_->reason() +
+            (ties_bits_to_placement ? "; with comm.buffers = " + policy +
+                                          " the buffers, and through them the bits, depend on the "
+                                          "world size (mean keeps them independent of it)"
+                                    : std::string()),
+        /*warn=*/ties_bits_to_placement);
+  }
   // A short run with the default job.log_every would log a point or two:
   // about 10 points over the run instead, said as a decision.
   log_every_ = config.job.log_every;
@@ -280,15 +314,20 @@ TrainingResult StepLoop::run() {
 
 double StepLoop::accumulate_gradients(int64_t step) {
   PhaseTimer& timer = parts_.timer;
-  double local_valid = 0, local_loss_sum = 0, local_samples = 0;
   for (int64_t micro = 0; micro < config_.train.accum_steps; ++micro) {
     Batch batch;
     {
       auto scope = timer.measure(Phase::kData);
       batch = feed_->next();
     }
+    if (batch.step != step)
+      throw std::logic_error(fmt::format("rank {}: the batch stream is at step {}, the trainer at {}",
+                                         parts_.rank, batch.step, step));
     ++microbatches_done_;
     last_epoch_ = batch.epoch;
+    buffers_->begin_microbatch(micro);
+    seed_everything(config_.test.no_reseed ? uint64_t(config_.job.seed)
+                                           : microbatch_seed(uint64_t(config_.job.seed), step, batch.microbatch));
     auto scope = timer.measure(Phase::kForwardBackward);
     MaskedLoss loss;
     model_call("training forward", step + 1, [&] {
@@ -303,6 +342,7 @@ double StepLoop::accumulate_gradients(int64_t step) {
       parts_.events.write({{"event", "overflow"}, {"step", step + 1},
                            {"batch_index", microbatches_done_ - 1}, {"module", overflow}});
     }
+    buffers_->end_microbatch();
     faults_->on_loss(step, loss.sum);
     const double value = loss.sum.item<double>();
     if (!std::isfinite(value) && !scaler_)  // with a scaler: the step is skipped in update()
@@ -310,17 +350,15 @@ double StepLoop::accumulate_gradients(int64_t step) {
                      std::to_string(step) + " on rank " + std::to_string(parts_.rank) +
                      " (epoch " + std::to_string(batch.epoch) + ", microbatch " +
                      std::to_string(micro) + ")");
-    local_valid += double(loss.valid);
-    local_samples += double(batch.targets.size(0));
-    if (std::isfinite(value)) local_loss_sum += value;
-    reducer_.begin_microbatch(micro, config_.train.accum_steps, local_valid, local_loss_sum,
-                              local_samples);
+    reducer_.begin_microbatch(micro, config_.train.accum_steps, double(loss.valid),
+                              std::isfinite(value) ? value : 0.0, double(batch.targets.size(0)));
     model_call("training backward", step + 1, [&] { (scaler_ ? loss.sum * scaler_->scale() : loss.sum).backward(); });
+    reducer_.end_microbatch();  // exact summation: this microbatch's gradient set aside
     result_.masked_targets += loss.masked;
   }
   auto scope = timer.measure(Phase::kCommWait);
   const double global_valid = reducer_.finish();
-  buffers_->sync();  // this step's forwards changed them on every rank
+  buffers_->sync(reducer_options(config_).microbatches_per_step);  // this step's forwards changed them
   return global_valid;
 }
 
@@ -477,6 +515,8 @@ void StepLoop::checkpoint_after(int64_t done, double lr) {
                          {"world_size", parts_.world_size},
                          {"seed", config_.job.seed},
                          {"batch_size", config_.data.batch_size},
+                         {"global_batch", config_.data.global_batch},
+                         {"microbatch", config_.data.microbatch},
                          {"accum_steps", config_.train.accum_steps},
                          {"optimizer", config_.optim.name},
                          {"device", device_.str()}};
@@ -543,6 +583,7 @@ TrainingResult StepLoop::finish() {
                               /*warn=*/true);
   }
   result_.allreduce_hidden_share = reducer_.hidden_share();
+  result_.summation_regrids = reducer_.regrids();
   if (!step_times_.empty()) {
     std::nth_element(step_times_.begin(), step_times_.begin() + long(step_times_.size() / 2),
                      step_times_.end());

@@ -27,16 +27,16 @@ nlohmann::json TrainingResult::to_json() const {
           {"last_audit", last_audit},
           {"step_s_median", step_s_median},
           {"allreduce_hidden_share", allreduce_hidden_share},
+          {"summation_regrids", summation_regrids},
           {"shared_gradient_storage", shared_gradients},
           {"scaler", scaler},
           {"overflows", overflows},
           {"stopped_at_step", stopped_at_step}};
 }
 
-int64_t total_steps(const JobConfig& config, int64_t batches_per_epoch) {
+int64_t total_steps(const JobConfig& config, int64_t steps_per_epoch) {
   if (config.job.steps > 0) return config.job.steps;
-  double batches = config.job.epochs * double(batches_per_epoch);
-  return std::max<int64_t>(1, int64_t(std::ceil(batches / double(config.train.accum_steps))));
+  return std::max<int64_t>(1, int64_t(std::ceil(config.job.epochs * double(steps_per_epoch))));
 }
 
 }  // namespace lockstep

@@ -30,6 +30,7 @@ struct TrainingResult {
   int64_t overflows = 0;         // forwards in which precision.check_overflow found inf/NaN
   double step_s_median = 0;      // median wall time of a step, after 10 warm-up steps
   double allreduce_hidden_share = 0;  // gradient bytes all-reduced before backward ended
+  int64_t summation_regrids = 0;      // exact summation: steps summed a second time on a new grid
   int64_t stopped_at_step = 0;   // > 0: stopped there on request (RunObserver::stop_requested), not the end
   std::vector<std::vector<std::string>> shared_gradients;  // from the clip check
   std::string eval_summary;      // the last evaluation, for the log
@@ -37,6 +38,6 @@ struct TrainingResult {
 };
 
 // Total optimizer steps for the job (job.steps, or job.epochs worth).
-int64_t total_steps(const JobConfig& config, int64_t batches_per_epoch);
+int64_t total_steps(const JobConfig& config, int64_t steps_per_epoch);
 
 }  // namespace lockstep

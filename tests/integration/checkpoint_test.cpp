@@ -255,7 +255,7 @@ TEST(Checkpoints, CorruptedNewestFallsBackAndUnusableOnesAreBadInput) {
   };
   auto changed = resume({"data.batch_size=16"});
   EXPECT_EQ(changed.exit_code, 2) << changed.output;
-  EXPECT_NE(changed.output.find("data.batch_size was 32 in the checkpointed run and is 16 now"), std::string::npos) << changed.output;
+  EXPECT_NE(changed.output.find("data.global_batch was 64 in the checkpointed run and is 32 now"), std::string::npos) << changed.output;
 
   auto resumed = resume({"checkpoint.keep=2"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;

@@ -31,8 +31,10 @@ int64_t peak_kib(const std::string& output) {
 
 void expect_refused(const TempDir& dir, const std::vector<std::string>& data_sets, const Refusal& c) {
   const std::string runs = dir.path() + "/runs-" + std::to_string(std::hash<std::string>()(c.name));
+  // A small batch: the folders are small, and a global batch larger than
+  // the training set is refused before the files' own faults would be.
   std::vector<std::string> args = {"run", examples_dir() + "/synthetic.toml", "--set", "job.run_dir=" + runs,
-                                   "--set", "job.steps=2"};
+                                   "--set", "job.steps=2", "--set", "data.batch_size=8"};
   for (const auto& s : data_sets) {
     args.push_back("--set");
     args.push_back(s);

@@ -35,7 +35,7 @@ TEST(RunFolder, ManifestAndEventsDescribeTheRun) {
   ASSERT_EQ(m["ranks"].size(), 2u);
   EXPECT_FALSE(m["ranks"][1]["host"].get<std::string>().empty());
   EXPECT_EQ(m["seeds"]["init"], 1);
-  EXPECT_EQ(m["seeds"]["train_seed_rule"], "seed + rank");
+  EXPECT_EQ(m["seeds"]["train_seed_rule"], "per microbatch: (seed, step, microbatch)");
   for (const char* what : {"device", "comm.backend", "precision", "intra_op_threads", "blas",
                            "init_parameters", "random_streams", "gradient_buckets"})
     EXPECT_TRUE(has_decision(m["decisions"], what)) << "no decision for " << what;

@@ -1,4 +1,4 @@
-// Principle 4: a shared seed for initialisation, then seed + rank. Both
+// Principle 4: a shared seed for initialisation, then a stream per microbatch. Both
 // halves are checked by lockstep itself; this test reads each rank's own
 // evidence from its events file, and turns reseeding off to see that the
 // check can fail.

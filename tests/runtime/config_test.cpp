@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/base/errors.h"
+#include "runtime/data/dataset.h"
 
 namespace lockstep {
 namespace {
@@ -141,7 +142,8 @@ TEST_F(ConfigTest, TheCommandLinesRunLengthReplacesTheFilesAsADecision) {
   JobConfig c = load_job_config(write("[job]\nepochs = 5\n"), {"job.steps=300"});
   EXPECT_EQ(c.job.steps, 300);
   EXPECT_EQ(c.job.epochs, 0);
-  ASSERT_EQ(c.decisions.size(), 1u);
+  ASSERT_EQ(c.decisions.size(), 2u);  // and data.global_batch, from the per-rank keys
+  EXPECT_EQ(c.decisions[1].what, "data.global_batch");
   EXPECT_EQ(c.decisions[0].what, "run_length");
   EXPECT_EQ(c.decisions[0].value, "300 steps");
   EXPECT_NE(c.decisions[0].reason.find("replaces job.epochs = 5 from " + path_), std::string::npos)
@@ -164,6 +166,62 @@ TEST_F(ConfigTest, TheCommandLinesRunLengthReplacesTheFilesAsADecision) {
 TEST_F(ConfigTest, TestSwitchRanksMustExist) {
   std::string e = error_of("[job]\nsteps = 1\nworld_size = 2\n", {"test.fail_rank=2"});
   EXPECT_NE(e.find("test.fail_rank"), std::string::npos) << e;
+}
+
+
+// The work of a step is the job's: data.global_batch in microbatches of
+// data.microbatch, k / W of them per rank. A job in the per-rank keys maps
+// onto them (said as a decision); a world size that does not divide k, a
+// global batch that is no multiple of the microbatch, and per-rank keys that
+// contradict them are refused, naming what would work.
+TEST_F(ConfigTest, TheGlobalBatchFixesTheWorkAndTheWorldSizeOnlyDividesIt) {
+  // Every job here: 5 steps.
+  auto load = [&](const std::string& text, std::vector<std::string> sets = {}) {
+    sets.push_back("job.steps=5");
+    return load_job_config(write(text), sets);
+  };
+  JobConfig old_way = load("[job]\nworld_size = 4\n[data]\nbatch_size = 16\n[train]\naccum_steps = 2\n");
+  EXPECT_EQ(old_way.data.global_batch, 128);
+  EXPECT_EQ(old_way.data.microbatch, 16);
+  ASSERT_FALSE(old_way.decisions.empty());
+  EXPECT_EQ(old_way.decisions.back().what, "data.global_batch");
+  EXPECT_NE(old_way.decisions.back().reason.find("data.batch_size = 16 per rank x train.accum_steps = 2 x "
+                                                 "job.world_size = 4"), std::string::npos);
+  for (int world : {1, 2, 4, 8}) {
+    JobConfig c = load("[job]\nworld_size = " + std::to_string(world) +
+                                        "\n[data]\nglobal_batch = 128\nmicrobatch = 16\n");
+    EXPECT_EQ(c.train.accum_steps, 8 / world) << world;
+    EXPECT_EQ(c.data.batch_size, 16);
+    EXPECT_EQ(c.decisions.back().what, "microbatches_per_rank");
+  }
+  auto refused = [&](const std::string& text, const std::vector<std::string>& sets = {}) {
+    try {
+      load(text, sets);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string three = refused("[job]\nworld_size = 3\n[data]\nglobal_batch = 128\nmicrobatch = 16\n");
+  EXPECT_NE(three.find("job.world_size = 3 does not divide the 8 microbatches of a step"), std::string::npos) << three;
+  EXPECT_NE(three.find("world sizes that do: 1, 2, 4, 8"), std::string::npos) << three;
+  EXPECT_NE(refused("[data]\nglobal_batch = 100\nmicrobatch = 16\n").find("is not a multiple of data.microbatch = 16"),
+            std::string::npos);
+  EXPECT_NE(refused("[data]\nmicrobatch = 16\n").find("needs data.global_batch"), std::string::npos);
+  EXPECT_NE(refused("[data]\nglobal_batch = 64\nmicrobatch = 16\nbatch_size = 32\n").find("disagree"),
+            std::string::npos);
+  EXPECT_NE(refused("[data]\nglobal_batch = 64\nmicrobatch = 16\n[train]\naccum_steps = 2\n")
+                .find("means 4 microbatches per rank; leave train.accum_steps out"), std::string::npos);
+  // A microbatch larger than the data is a global batch larger than it.
+  JobConfig big = load("[data]\nname = \"synthetic\"\nsynthetic_samples = 100\n"
+                                        "global_batch = 256\nmicrobatch = 256\n");
+  try {
+    load_data(big.data, 1);
+    FAIL() << "a global batch larger than the training set was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.global_batch = 256 is more than the 100 training samples"),
+              std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

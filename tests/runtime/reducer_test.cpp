@@ -79,7 +79,7 @@ TEST(GradientReducer, OverlapStartsBucketsDuringBackwardAndMatchesThePlainPath) 
       options.overlap = overlap;
       GradientReducer reducer(params, *group, options);
       for (int micro = 0; micro < 2; ++micro) {  // accumulation of two microbatches
-        reducer.begin_microbatch(micro, 2, 8.0 * (micro + 1));
+        reducer.begin_microbatch(micro, 2, 8.0);
         net->forward(at::normal(0.0, 1.0, {8, 32}, data)).pow(2).sum().backward();
       }
       EXPECT_EQ(reducer.finish(), 32.0);
@@ -180,6 +180,94 @@ TEST(GradientReducer, AParameterWithoutGradientIsAnErrorOnEveryRankNotAHang) {
   ASSERT_TRUE(allowed[0].defined() && allowed[1].defined());
   EXPECT_TRUE(allowed[0].equal(allowed[1]));
   EXPECT_NEAR(allowed[0].max().item<double>(), 0.5, 1e-6);
+}
+
+}  // namespace
+}  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+// comm.summation = exact: eight microbatches' gradients, spread over 1, 2
+// and 4 ranks in contiguous blocks, give the same bits, step after step,
+// also when a step's magnitudes jump by 10^6 (a new grid: a second round
+// for that bucket) and when they span nine orders of magnitude within a
+// bucket; every value is within fp32 rounding of the fp64 sum.
+TEST(GradientReducer, ExactSumsAreTheSameBitsOnOneTwoAndFourRanksAndFollowFp64) {
+  constexpr int kMicrobatches = 8, kSteps = 4;
+  const std::vector<int64_t> sizes = {5000, 300, 40};
+  // gradients[step][micro][param], fp32, from a fixed generator.
+  std::vector<std::vector<std::vector<at::Tensor>>> gradients(kSteps);
+  {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(7);
+    for (int step = 0; step < kSteps; ++step)
+      for (int micro = 0; micro < kMicrobatches; ++micro) {
+        gradients[size_t(step)].emplace_back();
+        for (int64_t size : sizes) {
+          const double scale = step == 2 ? 1e6 : 1.0;  // a jump: every bucket leaves its grid
+          at::Tensor g = at::normal(0.0, 1.0, {size}, generator) *
+                         at::pow(10.0, at::rand({size}, generator) * 9 - 8) * scale;
+          gradients[size_t(step)].back().push_back(g.to(at::kFloat));
+        }
+      }
+  }
+  auto reduce_on = [&](int world, std::vector<int64_t>* regrids) {
+    std::vector<std::vector<at::Tensor>> by_step(kSteps);  // rank 0's results
+    testing::run_ranks(world, [&](int rank, StorePtr store) {
+      auto group = CollectiveGroup::gloo(prefixed("data/", store), rank, world, std::chrono::seconds(30),
+                                         {"127.0.0.1"});
+      std::vector<std::pair<std::string, at::Tensor>> params;
+      for (size_t i = 0; i < sizes.size(); ++i)
+        params.emplace_back("p" + std::to_string(i), torch::zeros({sizes[i]}, torch::requires_grad()));
+      ReducerOptions options;
+      options.exact = true;
+      options.microbatches_per_step = kMicrobatches;
+      options.bucket_bytes = 400 * 4;  // p0 alone; p1 and p2 together
+      options.first_bucket_bytes = 400 * 4;
+      GradientReducer reducer(params, *group, options);
+      const int per_rank = kMicrobatches / world;
+      for (int step = 0; step < kSteps; ++step) {
+        for (int local = 0; local < per_rank; ++local) {
+          const int micro = rank * per_rank + local;
+          reducer.begin_microbatch(local, per_rank, 1.0, 0.5 * micro, 1.0);
+          at::Tensor loss = torch::zeros({});
+          for (size_t i = 0; i < sizes.size(); ++i)
+            loss = loss + (params[i].second * gradients[size_t(step)][size_t(micro)][i]).sum();
+          loss.backward();
+          reducer.end_microbatch();
+        }
+        EXPECT_EQ(reducer.finish(), double(kMicrobatches));
+        EXPECT_EQ(reducer.global_loss_sum(), 0.5 * (kMicrobatches - 1) * kMicrobatches / 2);
+        if (rank == 0)
+          for (auto& [name, p] : params) by_step[size_t(step)].push_back(p.grad().clone());
+      }
+      if (rank == 0) regrids->push_back(reducer.regrids());
+    });
+    return by_step;
+  };
+  std::vector<int64_t> regrids;
+  const auto one = reduce_on(1, &regrids), two = reduce_on(2, &regrids), four = reduce_on(4, &regrids);
+  EXPECT_EQ(regrids, (std::vector<int64_t>{regrids[0], regrids[0], regrids[0]}));
+  EXPECT_GE(regrids[0], 2);  // the first step and the jump at least
+  double worst = 0;
+  for (int step = 0; step < kSteps; ++step)
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_TRUE(torch::equal(one[size_t(step)][i], two[size_t(step)][i])) << "step " << step << " p" << i;
+      EXPECT_TRUE(torch::equal(one[size_t(step)][i], four[size_t(step)][i])) << "step " << step << " p" << i;
+      at::Tensor reference = torch::zeros({sizes[i]}, torch::kDouble);
+      for (int micro = 0; micro < kMicrobatches; ++micro)
+        reference += gradients[size_t(step)][size_t(micro)][i].to(torch::kDouble);
+      reference /= kMicrobatches;
+      // Relative to each value, for values above 2^-30 of the largest (below
+      // that the shared grid, not fp32, sets the precision).
+      const double floor = reference.abs().max().item<double>() * std::ldexp(1.0, -30);
+      const at::Tensor error = (one[size_t(step)][i].to(torch::kDouble) - reference).abs() /
+                               reference.abs().clamp_min(floor);
+      worst = std::max(worst, error.max().item<double>());
+    }
+  std::printf("largest relative error against the fp64 sum: %.3g (fp32 rounding: %.3g)\n", worst,
+              std::ldexp(1.0, -24));
+  EXPECT_LE(worst, 1.5 * std::ldexp(1.0, -24));
 }
 
 }  // namespace
