@@ -105,7 +105,13 @@ void GradientReducer::start_step(bool zero_gradients) {
   held_.clear();
   largest_.clear();
   loss_nonfinite_ = false;
-  if (sums_.defined()) sums_.zero_();
+  // Exact: each bucket's first values of the step overwrite its sums; the
+  // tail and the histograms start from zero.
+  if (sums_.defined()) {
+    const int64_t tail_start = gradients_.numel() - kTailSlots;
+    sums_.narrow(0, tail_start, sums_.numel() - tail_start).zero_();
+  }
+  std::fill(fresh_.begin(), fresh_.end(), true);
   std::fill(counted_, counted_ + 3, 0.0);
   for (auto& bucket : buckets_) {
     bucket.launched = false;
@@ -236,8 +242,8 @@ double GradientReducer::finish() {
                  "comm.unused_parameters = \"zero\": they count as zero in the all-reduce)",
                  missing);
   }
-  const double scale = global_count > 0 ? 1.0 / global_count : 1.0;
-  gradients_.mul_(scale);  // the mean, in place in every .grad
+  // The mean, in place in every .grad (exact: taken while leaving the integers).
+  if (!options_.exact) gradients_.mul_(global_count > 0 ? 1.0 / global_count : 1.0);
   return global_count;
 }
 
@@ -269,12 +275,13 @@ int grid_of(int exponent) {
   return exponent - below + kGridStride;
 }
 
-// sums += round(values * unit) elementwise in int64 (when `add`); returns
+// sums += round(values * unit) elementwise in int64 (when `add`; sums =
+// when `assign`, for the first values of a step); returns
 // the largest magnitude of `values` (inf when one is not finite). One pass
 // on the CPU for fp32; tensor operations elsewhere. Both round half to
 // even: on the CPU by adding and taking away 1.5 * 2^52, exact for
 // |y| < 2^51; above it an fp32 value times a power of two is an integer.
-double quantize_add(const at::Tensor& values, at::Tensor sums, double unit, bool add) {
+double quantize_add(const at::Tensor& values, at::Tensor sums, double unit, bool add, bool assign) {
   if (values.device().is_cpu() && values.scalar_type() == at::kFloat && values.is_contiguous() &&
       sums.is_contiguous()) {
     const float* x = values.data_ptr<float>();
@@ -295,7 +302,8 @@ double quantize_add(const at::Tensor& values, at::Tensor sums, double unit, bool
           top = std::max(top, magnitude);
           const double y = double(x[i]) * unit;
           const double rounded = std::fabs(y) < kExactAbove ? (y + kRounder) - kRounder : y;
-          out[i] += magnitude <= kFinite ? int64_t(rounded) : 0;
+          const int64_t units = magnitude <= kFinite ? int64_t(rounded) : 0;
+          out[i] = assign ? units : out[i] + units;
         }
       } else {
         for (int64_t i = begin; i < end; ++i) {
@@ -310,13 +318,16 @@ double quantize_add(const at::Tensor& values, at::Tensor sums, double unit, bool
   }
   const double top = values.abs().max().to(at::kDouble).item<double>();
   if (!std::isfinite(top)) return std::numeric_limits<double>::infinity();
-  if (add) sums.add_(values.to(at::kDouble).mul(unit).round().to(at::kLong).to(sums.device()));
+  if (!add) return top;
+  const at::Tensor units = values.to(at::kDouble).mul(unit).round().to(at::kLong).to(sums.device());
+  if (assign) sums.copy_(units);
+  else sums.add_(units);
   return top;
 }
 
-// target = sums / unit, rounded once to the target's dtype.
-void dequantize(const at::Tensor& sums, at::Tensor target, double unit) {
-  const double inverse = 1.0 / unit;  // a power of two: exact
+// target = sums / unit * factor, rounded once to the target's dtype.
+void dequantize(const at::Tensor& sums, at::Tensor target, double unit, double factor) {
+  const double inverse = factor / unit;
   if (target.device().is_cpu() && target.scalar_type() == at::kFloat && target.is_contiguous() &&
       sums.device().is_cpu() && sums.is_contiguous()) {
     const int64_t* in = sums.data_ptr<int64_t>();
@@ -326,7 +337,7 @@ void dequantize(const at::Tensor& sums, at::Tensor target, double unit) {
     });
     return;
   }
-  target.copy_(sums.to(target.device()).to(at::kDouble).mul(inverse));
+  target.copy_(sums.to(target.device()).to(at::kDouble).mul(inverse));  // the same one rounding
 }
 
 }  // namespace
@@ -346,6 +357,7 @@ void GradientReducer::prepare_exact() {
   const size_t count = buckets_.size();
   if (grid_.size() != count) grid_.assign(count, kNoGrid);
   if (largest_.size() != count) largest_.assign(count, 0.0);
+  if (fresh_.size() != count) fresh_.assign(count, true);
   if (!sums_.defined())  // gradients, tail, per bucket a histogram, one flag
     sums_ = at::zeros({gradients_.numel() + int64_t(count) * kExponentSlots + 1}, at::kLong);
 }
@@ -357,7 +369,9 @@ void GradientReducer::quantize_bucket(const at::Tensor& microbatch, size_t b) {
   const bool on_grid = grid_[b] != kNoGrid;
   const double unit = on_grid ? std::ldexp(1.0, kGridBits - grid_[b] - headroom) : 0.0;
   const double top = quantize_add(microbatch.narrow(0, buckets_[b].start, buckets_[b].length),
-                                  sums_.narrow(0, buckets_[b].start, buckets_[b].length), unit, on_grid);
+                                  sums_.narrow(0, buckets_[b].start, buckets_[b].length), unit, on_grid,
+                                  /*assign=*/fresh_[b]);
+  if (on_grid) fresh_[b] = false;
   largest_[b] = std::isfinite(top) ? std::max(largest_[b], top) : top;
 }
 
@@ -404,9 +418,13 @@ void GradientReducer::launch_exact(size_t b) {
   at::Tensor span = sums_.narrow(0, buckets_[b].start, stop - buckets_[b].start);
   if (!gradients_.device().is_cpu()) span = span.to(gradients_.device());  // NCCL reduces device tensors only
   io_.push_back(span);
+  buckets_[b].launched = true;
+  if (group_.size() == 1) {  // the sums are this rank's already
+    next_launch_ = b + 1;
+    return;
+  }
   std::vector<at::Tensor> tensors{span};
   buckets_[b].work = group_.allreduce_sum(tensors);
-  buckets_[b].launched = true;
   bytes_reduced_ += span.numel() * int64_t(span.element_size());
   ++collectives_;
   next_launch_ = b + 1;
@@ -419,9 +437,10 @@ void GradientReducer::reduce_exactly() {
   const size_t count = buckets_.size();
   const int headroom = ceil_log2(std::max<int64_t>(1, options_.microbatches_per_step));
   for (size_t b = 0; b < next_launch_; ++b)  // finished before backward ended: hidden
-    if (buckets_[b].work->done()) bytes_hidden_ += buckets_[b].length * int64_t(sizeof(int64_t));
+    if (buckets_[b].work && buckets_[b].work->done()) bytes_hidden_ += buckets_[b].length * int64_t(sizeof(int64_t));
   while (next_launch_ < count) launch_exact(next_launch_);
-  for (auto& bucket : buckets_) bucket.work->wait();
+  for (auto& bucket : buckets_)
+    if (bucket.work) bucket.work->wait();
   // The all-reduced spans, back in one host tensor of sums_'s layout.
   at::Tensor reduced = sums_;
   if (!gradients_.device().is_cpu()) {
@@ -461,6 +480,7 @@ void GradientReducer::reduce_exactly() {
     for (size_t b = 0; b < count; ++b) {
       if (actual[b] == kNoGrid || actual[b] == grid_[b]) continue;
       grid_[b] = actual[b];
+      fresh_[b] = true;
       for (const at::Tensor& held : held_) quantize_bucket(held, b);
       quantize_bucket(gradients_, b);
       at::Tensor span = sums_.narrow(0, buckets_[b].start, buckets_[b].length);
@@ -470,12 +490,13 @@ void GradientReducer::reduce_exactly() {
     }
     std::vector<PendingCollective> pending;
     for (at::Tensor& span : spans) {
+      if (group_.size() == 1) continue;
       std::vector<at::Tensor> io{span};
       pending.push_back(group_.allreduce_sum(io));
       bytes_reduced_ += span.numel() * int64_t(span.element_size());
     }
-    for (size_t i = 0; i < pending.size(); ++i) {
-      pending[i].wait();
+    for (size_t i = 0; i < spans.size(); ++i) {
+      if (i < pending.size()) pending[i].wait();
       result.narrow(0, buckets_[again[i]].start, buckets_[again[i]].length).copy_(spans[i]);
     }
     ++regrids_;
@@ -483,13 +504,16 @@ void GradientReducer::reduce_exactly() {
   // The next step starts on this one's grids.
   for (size_t b = 0; b < count; ++b)
     if (actual[b] != kNoGrid) grid_[b] = actual[b];
-  // Back to the gradients' dtype, one rounding from the exact sum.
+  // Back to the gradients' dtype: the mean over the global count, one
+  // rounding from the exact sum.
+  const double global_count = double(tail_sums.data_ptr<int64_t>()[kValidCount]) / kTailUnit;
+  const double factor = global_count > 0 ? 1.0 / global_count : 1.0;
   for (size_t b = 0; b < count; ++b) {
     at::Tensor target = gradients_.narrow(0, buckets_[b].start, buckets_[b].length);
     if (nonfinite[b]) target.fill_(std::numeric_limits<double>::quiet_NaN());
     else if (actual[b] == kNoGrid) target.zero_();
     else dequantize(result.narrow(0, buckets_[b].start, buckets_[b].length), target,
-                    std::ldexp(1.0, kGridBits - actual[b] - headroom));
+                    std::ldexp(1.0, kGridBits - actual[b] - headroom), factor);
   }
   at::Tensor tail_values = tail_sums.to(at::kDouble);
   for (int64_t slot : {kValidCount, kLossSum, kSamples}) tail_values[slot].div_(kTailUnit);

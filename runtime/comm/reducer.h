@@ -119,6 +119,9 @@ class GradientReducer {
   // Exact summation: steps whose grid had to be set again (the first, and
   // where a bucket's largest magnitude jumped past its predicted grid).
   int64_t regrids() const { return regrids_; }
+  // Bytes handed to all-reduces so far (both rounds of exact summation,
+  // its histograms and tail included); a ring sends about 2(W-1)/W of them per rank.
+  int64_t bytes_reduced() const { return bytes_reduced_; }
   // All-reduces issued in the last step (ready neighbours share one).
   int64_t collectives_last_step() const { return collectives_; }
   // Over all steps so far: the share of gradient bytes whose all-reduce had
@@ -189,6 +192,7 @@ class GradientReducer {
   at::Tensor sums_;               // int64 sums on the grids, the tail, the histograms (host)
   std::vector<int> grid_;         // each bucket's grid exponent
   std::vector<double> largest_;   // each bucket's largest magnitude on this rank this step
+  std::vector<bool> fresh_;       // a bucket whose sums hold nothing of this step yet
   bool loss_nonfinite_ = false;
   int64_t regrids_ = 0;           // steps that needed a second all-reduce
   double counted_[3] = {0, 0, 0};  // float: valid, loss sum, samples so far this step

@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -57,6 +58,16 @@ class ScriptedModel : public Model {
   ScriptedModel(torch::jit::Module module, const ModelSection& section)
       : module_(std::move(module)), path_(section.path), output_key_(section.output) {
     module_.train(true);  // torch::jit::load does not reliably restore the mode
+    // The profiling executor runs a module's first calls as loaded, then
+    // swaps in a graph it optimised from them (and again when a guard
+    // fails): which graph computes a microbatch would then depend on how
+    // many calls this process made before it, and under autocast the two
+    // round differently. One graph for every call instead.
+    torch::jit::setGraphExecutorOptimize(false);
+    decisions_.push_back({"torchscript_graph", "as loaded, not re-optimised",
+                          "the profiling executor would swap in an optimised graph after a module's first "
+                          "calls, so a microbatch's bits would depend on how many calls its process made "
+                          "before it (seen in bf16); every call runs the same graph"});
     // One entry per tensor: a weight tied between two layers appears under
     // both names but is one variable, with one gradient.
     std::map<const void*, std::string> first_name;

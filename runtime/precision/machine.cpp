@@ -1,6 +1,7 @@
 #include "runtime/precision/machine.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -357,6 +358,32 @@ void check_machine_request(const JobConfig& config) {
                      "anyway (warned, with the measured slowdown)");
 }
 
+void settle_malloc(DecisionLog& log) {
+  // glibc's default thresholds hand a freed block of more than 128 KiB
+  // (growing with use, up to 32 MiB) back to the kernel, and trim the heap
+  // above 128 KiB free: a training step frees and takes back its
+  // activations every step, and the page faults of taking them back can
+  // cost more than the step's arithmetic. Fixed thresholds make the speed
+  // independent of the allocation pattern of the day.
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD"})
+    if (const char* set = std::getenv(name); set && *set) {
+      log.record("malloc", "as the environment sets it",
+                 std::string(name) + " = " + set + ": lockstep leaves the allocator's thresholds alone");
+      return;
+    }
+  constexpr int kMmapThreshold = 32 << 20;  // glibc's largest on 64-bit
+  constexpr int kTrimThreshold = 1 << 30;
+  const bool mmap_set = ::mallopt(M_MMAP_THRESHOLD, kMmapThreshold) == 1;
+  const bool trim_set = ::mallopt(M_TRIM_THRESHOLD, kTrimThreshold) == 1;
+  log.record("malloc", mmap_set && trim_set ? "mmap threshold 32 MiB, trim threshold 1 GiB" : "glibc's defaults",
+             mmap_set && trim_set
+                 ? "mallopt at start: blocks up to 32 MiB (a step's activations) come from the heap and "
+                   "freed memory is kept for the next step instead of returned to the kernel and faulted "
+                   "in again (set MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ to choose others)"
+                 : "mallopt refused the thresholds: freed activations go back to the kernel every step",
+             /*warn=*/!(mmap_set && trim_set));
+}
+
 ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int local_world_size,
                                 const CpuBudget& budget, DecisionLog& log) {
   check_machine_request(config);
@@ -382,6 +409,8 @@ ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int loc
                "openblas_set_num_threads, like intra_op_threads: the same summation order whether "
                "OPENBLAS_NUM_THREADS was set or not");
   }
+
+  settle_malloc(log);
 
   BlasInfo blas = loaded_blas();
   if (blas.kind == "reference") {

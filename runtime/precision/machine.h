@@ -56,6 +56,10 @@ void check_devices_visible(const JobConfig& config);
 int threads_per_rank(const JobConfig& config, const CpuBudget& budget, int local_world_size,
                      std::string* reason, bool* oversubscribed);
 
+// glibc malloc's thresholds set with mallopt (or left as the environment
+// sets them), said as the `malloc` decision.
+void settle_malloc(DecisionLog& log);
+
 // Resolves device, backend, precision and threads for one rank, records a
 // Decision for each (and for the BLAS), and applies the thread count.
 ResolvedMachine resolve_machine(const JobConfig& config, int local_rank, int local_world_size,

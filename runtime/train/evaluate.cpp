@@ -39,11 +39,12 @@ EvalResult evaluate(Model& model, const Objective& objective, const Dataset& tes
   // A rank with no chunk (more ranks than chunks) still takes part: the
   // number of sums is learned from a forward of one sample.
   int64_t columns = rows.empty() ? 0 : int64_t(rows.front().size());
-  if (rows.empty()) {
-    at::Tensor output = forward_output(model, test.input_rows(torch::zeros({1}, torch::kLong)).to(model.device()),
-                                       autocast_dtype(precision));
-    columns = int64_t(objective.metric_sums(output, test.targets.narrow(0, 0, 1).to(model.device())).size());
-  }
+  if (rows.empty())
+    run_model_call(where, precision, model, [&] {
+      at::Tensor output = forward_output(model, test.input_rows(torch::zeros({1}, torch::kLong)).to(model.device()),
+                                         autocast_dtype(precision));
+      columns = int64_t(objective.metric_sums(output, test.targets.narrow(0, 0, 1).to(model.device())).size());
+    });
   model.train(was_training);
   at::Tensor table = torch::zeros({int64_t(rows.size()), columns}, torch::kDouble);
   auto cells = table.accessor<double, 2>();

@@ -584,6 +584,8 @@ TrainingResult StepLoop::finish() {
   }
   result_.allreduce_hidden_share = reducer_.hidden_share();
   result_.summation_regrids = reducer_.regrids();
+  const int64_t trained = result_.steps - first_step_;
+  result_.allreduce_bytes_per_step = trained > 0 ? double(reducer_.bytes_reduced()) / double(trained) : 0.0;
   if (!step_times_.empty()) {
     std::nth_element(step_times_.begin(), step_times_.begin() + long(step_times_.size() / 2),
                      step_times_.end());

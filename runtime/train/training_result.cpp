@@ -28,6 +28,7 @@ nlohmann::json TrainingResult::to_json() const {
           {"step_s_median", step_s_median},
           {"allreduce_hidden_share", allreduce_hidden_share},
           {"summation_regrids", summation_regrids},
+          {"allreduce_bytes_per_step", allreduce_bytes_per_step},
           {"shared_gradient_storage", shared_gradients},
           {"scaler", scaler},
           {"overflows", overflows},

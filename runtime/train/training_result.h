@@ -31,6 +31,7 @@ struct TrainingResult {
   double step_s_median = 0;      // median wall time of a step, after 10 warm-up steps
   double allreduce_hidden_share = 0;  // gradient bytes all-reduced before backward ended
   int64_t summation_regrids = 0;      // exact summation: steps summed a second time on a new grid
+  double allreduce_bytes_per_step = 0;  // gradient all-reduce payload per step (GradientReducer::bytes_reduced)
   int64_t stopped_at_step = 0;   // > 0: stopped there on request (RunObserver::stop_requested), not the end
   std::vector<std::vector<std::string>> shared_gradients;  // from the clip check
   std::string eval_summary;      // the last evaluation, for the log

@@ -48,14 +48,15 @@ def lockstep(build, model, nproc=2, extra=()):
                 "data_share": phases["data"] / (phases["data"] + phases["forward_backward"] +
                                                 phases["comm_wait"] + phases["optimizer"]),
                 "startup_s": first_step["time"] - launched, "peak_rss_mb": end["peak_rss_mb"],
-                "hidden_share": end["metrics"]["allreduce_hidden_share"]}
+                "hidden_share": end["metrics"]["allreduce_hidden_share"],
+                "bytes_per_step": end["metrics"].get("allreduce_bytes_per_step", 0)}
 
 
-def ddp(model):
+def ddp(model, env=None):
     launched = time.time()
     out = subprocess.run([sys.executable, os.path.join(HERE, "ddp_reference.py"), "--model", model,
                           "--steps", str(STEPS[model] // 2)],
-                         check=True, capture_output=True, text=True, env=ENV).stdout
+                         check=True, capture_output=True, text=True, env=env or ENV).stdout
     result = json.loads(out.strip().splitlines()[-1])
     return result["step_s_median"], result["first_step_unix_s"] - launched
 

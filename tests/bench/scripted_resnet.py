@@ -39,7 +39,7 @@ STEPS, WARMUP, BATCH, SAMPLES = 40, 10, 32, 1024
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
 
 
-def lockstep(build, folder, nproc=2):
+def lockstep(build, folder, nproc=2, extra=(), metrics=False):
     runs = os.path.join(folder, f"runs-{time.time_ns()}")
     command = [os.path.join(build, "lockstep"), "run", os.path.join(SOURCE, "examples/resnet18/job.toml"),
                "--nproc", str(nproc)]
@@ -47,11 +47,12 @@ def lockstep(build, folder, nproc=2):
                     f"model.path={folder}/resnet18.pt", f"data.batch_size={BATCH}", f"job.steps={STEPS}",
                     f"job.log_every={STEPS}", "audit.every=0", "eval.every=0", "optim.warmup_steps=0",
                     "optim.schedule=constant", "optim.nesterov=false", "job.threads_per_rank=1",
-                    "precision=fp32", f"job.run_dir={runs}"):
+                    "precision=fp32", f"job.run_dir={runs}", *extra):
         command += ["--set", setting]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
     events = [json.loads(line) for line in open(glob.glob(runs + "/*/events-rank0.jsonl")[0])]
-    return [e for e in events if e["event"] == "end"][0]["metrics"]["step_s_median"]
+    end = [e for e in events if e["event"] == "end"][0]["metrics"]
+    return (end["step_s_median"], end) if metrics else end["step_s_median"]
 
 
 def ddp_rank(rank, folder, port, results):
@@ -79,7 +80,21 @@ def ddp_rank(rank, folder, port, results):
     dist.destroy_process_group()
 
 
-def ddp(folder):
+def ddp(folder, env=None):
+    """The median step of DDP on 2 ranks; `env` (for example malloc's
+    thresholds) is what the two spawned ranks start with."""
+    saved = dict(os.environ)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    try:
+        return ddp_spawned(folder)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def ddp_spawned(folder):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -87,6 +102,16 @@ def ddp(folder):
     results = context.Queue()
     mp.spawn(ddp_rank, args=(folder, port, results), nprocs=2, join=True)
     return results.get()
+
+
+def prepare_folder(folder):
+    """The scripted resnet18 and SAMPLES synthetic images (a .npy folder) in `folder`."""
+    subprocess.run([sys.executable, os.path.join(SOURCE, "examples/resnet18/prepare.py"),
+                    os.path.join(folder, "resnet18.pt")], check=True, stdout=subprocess.DEVNULL)
+    os.makedirs(os.path.join(folder, "data"))
+    rng = np.random.default_rng(0)
+    np.save(os.path.join(folder, "data/x.npy"), rng.normal(size=(SAMPLES, 1, 28, 28)).astype(np.float32))
+    np.save(os.path.join(folder, "data/y.npy"), rng.integers(0, 10, SAMPLES).astype(np.int64))
 
 
 def one_rank_script_vs_eager(folder, blocks=3, steps=10):
@@ -116,12 +141,7 @@ def main():
     repetitions = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     samples = {k: [] for k in ("lockstep_ms", "ddp_ms", "ratio", "script_ms", "eager_ms", "script_ratio")}
     with tempfile.TemporaryDirectory() as folder:
-        subprocess.run([sys.executable, os.path.join(SOURCE, "examples/resnet18/prepare.py"),
-                        os.path.join(folder, "resnet18.pt")], check=True, stdout=subprocess.DEVNULL)
-        os.makedirs(os.path.join(folder, "data"))
-        rng = np.random.default_rng(0)
-        np.save(os.path.join(folder, "data/x.npy"), rng.normal(size=(SAMPLES, 1, 28, 28)).astype(np.float32))
-        np.save(os.path.join(folder, "data/y.npy"), rng.integers(0, 10, SAMPLES).astype(np.int64))
+        prepare_folder(folder)
         for rep in range(repetitions):
             ours, theirs = lockstep(build, folder), ddp(folder)
             samples["lockstep_ms"].append(ours * 1000)

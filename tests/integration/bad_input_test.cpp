@@ -159,3 +159,31 @@ TEST(BadInput, ListenAddressesAndTlsFilesAreNamed) {
 
 }  // namespace
 }  // namespace lockstep::testing
+
+namespace lockstep::testing {
+namespace {
+
+// The work a job fixes must divide: each refusal names the setting and
+// what would work, before any process group.
+TEST(BadInput, AWorldSizeThatDoesNotDivideTheMicrobatches) {
+  TempDir dir;
+  expect_bad_input(dir, synthetic_run(dir, 3, {"job.world_size=3", "data.global_batch=64", "data.microbatch=16"}),
+                   "job.world_size = 3 does not divide the 4 microbatches of a step (data.global_batch = 64 / "
+                   "data.microbatch = 16); world sizes that do: 1, 2, 4");
+}
+
+TEST(BadInput, AMicrobatchThatDoesNotDivideTheGlobalBatch) {
+  TempDir dir;
+  expect_bad_input(dir, synthetic_run(dir, 2, {"data.global_batch=64", "data.microbatch=24"}),
+                   "data.global_batch = 64 is not a multiple of data.microbatch = 24");
+}
+
+TEST(BadInput, AGlobalBatchLargerThanTheData) {
+  TempDir dir;
+  expect_bad_input(dir, synthetic_run(dir, 2, {"data.synthetic_samples=256", "data.global_batch=4096",
+                                               "data.microbatch=2048"}),
+                   "data.global_batch = 4096 is more than the");
+}
+
+}  // namespace
+}  // namespace lockstep::testing

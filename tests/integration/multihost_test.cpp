@@ -180,6 +180,35 @@ TEST_F(MultiHostTest, ThreeHostsFourRanksMatchOneHost) {
   EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 4, kJob));
 }
 
+// Same bits on any number of ranks, across hosts: the cnn with dropout,
+// the work fixed by data.global_batch, fp32 and bf16, on 2 hosts of 2
+// ranks ends on the digest of 1 host of 4 ranks and of a single rank.
+TEST_F(MultiHostTest, TwoHostsOfTwoRanksEndOnTheBitsOfOneHostOfFourAndOfOneRank) {
+  hosts->add("left");
+  hosts->add("right");
+  for (const std::string precision : {"fp32", "bf16"}) {
+    std::vector<std::string> sets = kJob;
+    sets.insert(sets.end(), {"model.name=cnn", "model.dropout=0.3", "data.global_batch=64", "data.microbatch=16",
+                             "job.steps=40", "precision=" + precision});
+    auto across = sets;
+    across.push_back("job.world_size=4");
+    const size_t first = processes.size();
+    auto& coordinator = start_coordinator("left", across);
+    start_worker("left", 0);
+    start_worker("left", 1);
+    start_worker("right", 0);
+    start_worker("right", 1);
+    ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output();
+    for (size_t p = first; p < processes.size(); ++p) EXPECT_EQ(processes[p]->wait(30), 0) << processes[p]->output();
+    auto manifest = read_json(single_run(home("left") + "/runs") + "/manifest.json");
+    const std::string digest = manifest["metrics"].value("final_param_digest", "missing");
+    std::filesystem::remove_all(home("left") + "/runs");
+    TempDir four, one;
+    EXPECT_EQ(digest, reference_digest(four, 4, sets)) << precision << ": 2 hosts x 2 ranks against 1 host x 4";
+    EXPECT_EQ(digest, reference_digest(one, 1, sets)) << precision << ": 2 hosts x 2 ranks against 1 rank";
+  }
+}
+
 TEST_F(MultiHostTest, WorkersMayStartBeforeTheCoordinator) {
   hosts->add("coord");
   hosts->add("early1");

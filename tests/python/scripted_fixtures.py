@@ -6,6 +6,7 @@
                        and array folders: DIR/classes, DIR/values (float
                        targets with NaN), DIR/labels (multi-label with NaN),
                        DIR/images (for bn.pt), DIR/missing (all targets NaN),
+                       DIR/bn_dropout28.pt (conv, BatchNorm, dropout; 28 x 28 grey, 10 classes),
                        DIR/nan_weight.pt, DIR/inf_buffer.pt, DIR/zero_weight.pt,
                        DIR/transformer.pt (an nn.TransformerEncoder classifier for DIR/classes),
                        DIR/bf16_train_fails.pt (a training step that cannot run in bf16),
@@ -69,6 +70,26 @@ class BatchNormCnn(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
         return self.head(x.flatten(1))
+
+
+class DropoutBatchNormCnn(nn.Module):
+    """[B, 1, 28, 28] (an image folder of Fashion-MNIST) -> 10 classes: two
+    conv + BatchNorm + max-pool blocks, dropout before the head. Its dropout
+    draws from LibTorch's generator inside the scripted module."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.drop = nn.Dropout(0.3)
+        self.head = nn.Linear(16 * 7 * 7, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.head(self.drop(x.flatten(1)))
 
 
 class TransformerClassifier(nn.Module):
@@ -173,6 +194,7 @@ def make(out):
     torch.manual_seed(7)
     torch.jit.script(Tied()).save(os.path.join(out, "tied.pt"))
     torch.jit.script(BatchNormCnn()).save(os.path.join(out, "bn.pt"))
+    torch.jit.script(DropoutBatchNormCnn()).save(os.path.join(out, "bn_dropout28.pt"))
     torch.jit.script(DictOutput()).save(os.path.join(out, "dict.pt"))
     torch.jit.script(TransformerClassifier()).save(os.path.join(out, "transformer.pt"))
     torch.jit.script(Bf16TrainingFails()).save(os.path.join(out, "bf16_train_fails.pt"))

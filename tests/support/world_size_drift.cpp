@@ -182,16 +182,23 @@ nlohmann::json WorldSizeDrift::to_json() const {
 
 std::vector<WorldSizeDrift> measure_world_sizes(const std::string& model, const std::vector<int>& world_sizes,
                                                 int64_t steps, int64_t global_batch, const std::string& dir,
-                                                double jump_growth) {
+                                                double jump_growth, const DriftSetup& setup) {
   const std::string job = examples_dir() + "/fashion_mnist_cnn.toml";
   const std::vector<std::string> names = builtin_parameter_names(model);
   auto train = [&](int world) {
-    const std::string runs = dir + "/" + model + "-" + std::to_string(world);
+    const std::string runs = dir + "/" + model + "-" + setup.summation + "-" + setup.precision + "-" +
+                             std::to_string(world);
     std::vector<std::string> args = {"run", job, "--nproc", std::to_string(world)};
-    for (const std::string& set : std::vector<std::string>{"model.name=" + model, "model.dropout=0", "precision=fp32",
-          "job.epochs=0", "job.steps=" + std::to_string(steps),
-          "data.batch_size=" + std::to_string(global_batch / world), "checkpoint.every=1",
-          "checkpoint.keep=1000", "eval.every=0", "job.run_dir=" + runs}) {
+    std::vector<std::string> sets = {"model.name=" + model, "precision=" + setup.precision, "job.epochs=0",
+                                     "job.steps=" + std::to_string(steps), "checkpoint.every=1",
+                                     "checkpoint.keep=1000", "eval.every=0", "job.run_dir=" + runs,
+                                     "comm.summation=" + setup.summation};
+    if (setup.summation == "exact")
+      sets.insert(sets.end(), {"model.dropout=0.3", "data.global_batch=" + std::to_string(global_batch),
+                               "data.microbatch=" + std::to_string(global_batch / 4), "job.threads_per_rank=1"});
+    else
+      sets.insert(sets.end(), {"model.dropout=0", "data.batch_size=" + std::to_string(global_batch / world)});
+    for (const std::string& set : sets) {
       args.push_back("--set");
       args.push_back(set);
     }

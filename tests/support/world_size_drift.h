@@ -54,14 +54,22 @@ struct WorldSizeDrift {
   nlohmann::json to_json() const;
 };
 
-// Trains examples/fashion_mnist_cnn.toml with `model` (mlp or cnn), no
-// dropout, in fp32 (precision = auto picks bf16 on a CPU with native bf16,
-// whose rounding would hide the summation-order differences measured), for `steps` steps with a global batch of `global_batch`, once
-// on one rank and once on each of `world_sizes` (real lockstep processes,
-// checkpoints every step in `dir`), and compares each with the one-rank
-// run. A failed run throws, with its output.
+// How the runs sum and compute. float: comm.summation = float, each rank
+// one microbatch of global_batch / W (today's DDP-like path), no dropout;
+// exact: comm.summation = exact, microbatches of global_batch / 4 whatever
+// W, one thread per rank, dropout 0.3 (drawn per microbatch).
+struct DriftSetup {
+  std::string summation = "float";
+  std::string precision = "fp32";  // auto would pick bf16 on a CPU with native bf16
+};
+
+// Trains examples/fashion_mnist_cnn.toml with `model` (mlp or cnn) for
+// `steps` steps with a global batch of `global_batch`, once on one rank and
+// once on each of `world_sizes` (real lockstep processes, checkpoints every
+// step in `dir`), and compares each with the one-rank run. A failed run
+// throws, with its output.
 std::vector<WorldSizeDrift> measure_world_sizes(const std::string& model, const std::vector<int>& world_sizes,
                                                 int64_t steps, int64_t global_batch, const std::string& dir,
-                                                double jump_growth = 3.0);
+                                                double jump_growth = 3.0, const DriftSetup& setup = {});
 
 }  // namespace lockstep::testing
