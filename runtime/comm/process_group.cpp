@@ -96,20 +96,25 @@ std::unique_ptr<CollectiveGroup> CollectiveGroup::nccl(const StorePtr& store, in
 int CollectiveGroup::rank() const { return impl_->group->getRank(); }
 int CollectiveGroup::size() const { return impl_->group->getSize(); }
 
-PendingCollective CollectiveGroup::allreduce_sum(std::vector<at::Tensor>& tensors) {
+namespace {
+
+template <typename Group>  // c10d's Backend (2.x) or ProcessGroup (1.13)
+PendingCollective allreduce_with(Group& group, std::vector<at::Tensor>& tensors, c10d::ReduceOp op) {
   c10d::AllreduceOptions options;
-  options.reduceOp = c10d::ReduceOp::SUM;
+  options.reduceOp = op;
   auto impl = std::make_shared<PendingCollective::Impl>();
-  impl->work = impl_->group->allreduce(tensors, options);
+  impl->work = group.allreduce(tensors, options);
   return PendingCollective(std::move(impl));
 }
 
+}  // namespace
+
+PendingCollective CollectiveGroup::allreduce_sum(std::vector<at::Tensor>& tensors) {
+  return allreduce_with(*impl_->group, tensors, c10d::ReduceOp::SUM);
+}
+
 PendingCollective CollectiveGroup::allreduce_max(std::vector<at::Tensor>& tensors) {
-  c10d::AllreduceOptions options;
-  options.reduceOp = c10d::ReduceOp::MAX;
-  auto impl = std::make_shared<PendingCollective::Impl>();
-  impl->work = impl_->group->allreduce(tensors, options);
-  return PendingCollective(std::move(impl));
+  return allreduce_with(*impl_->group, tensors, c10d::ReduceOp::MAX);
 }
 
 PendingCollective CollectiveGroup::allgather_async(const at::Tensor& input,

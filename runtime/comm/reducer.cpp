@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <cmath>
 #include <limits>
 
@@ -275,46 +276,92 @@ int grid_of(int exponent) {
   return exponent - below + kGridStride;
 }
 
+// One block of fp32 values onto the grid: out (+)= round(x * unit), half
+// to even, by adding and taking away 1.5 * 2^52 (exact for |x * unit| <
+// 2^51; `*big` says some value was above, where x * unit is an integer
+// already and quantize_add puts it right). `*top` gets the largest
+// magnitude's bits (above 0x7f7fffff: inf or NaN). Compiled for the vector
+// units the machine has; every version computes the same integers.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void quantize_block(const float* x, int64_t* out, int64_t n, double unit, bool assign, uint32_t* top,
+                    bool* big) {
+  constexpr double kRounder = 6755399441055744.0;  // 1.5 * 2^52
+  constexpr int64_t kRounderBits = 0x4338000000000000LL;
+  constexpr double kExactBelow = 2251799813685248.0;  // 2^51
+  uint32_t largest = 0;
+  int above = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], sizeof bits);
+    bits &= 0x7fffffffu;
+    largest = bits > largest ? bits : largest;
+    const double y = double(x[i]) * unit;
+    above |= std::fabs(y) >= kExactBelow;
+    const double rounded = y + kRounder;
+    int64_t rounded_bits;
+    std::memcpy(&rounded_bits, &rounded, sizeof rounded_bits);
+    const int64_t units = rounded_bits - kRounderBits;
+    out[i] = assign ? units : out[i] + units;
+  }
+  *top = largest;
+  *big = above != 0;
+}
+
+// target = sums * scale, each rounded once to fp32 (via double: the
+// integer's nearest double, times scale, rounded; the same in every version).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void dequantize_block(const int64_t* sums, float* target, int64_t n, double scale) {
+  for (int64_t i = 0; i < n; ++i) target[i] = float(double(sums[i]) * scale);
+}
+
 // sums += round(values * unit) elementwise in int64 (when `add`; sums =
-// when `assign`, for the first values of a step); returns
-// the largest magnitude of `values` (inf when one is not finite). One pass
-// on the CPU for fp32; tensor operations elsewhere. Both round half to
-// even: on the CPU by adding and taking away 1.5 * 2^52, exact for
-// |y| < 2^51; above it an fp32 value times a power of two is an integer.
+// when `assign`, for the first values of a step); returns the largest
+// magnitude of `values` (inf when one is not finite). On the CPU for fp32
+// in blocks (above); tensor operations elsewhere, with the same rounding.
 double quantize_add(const at::Tensor& values, at::Tensor sums, double unit, bool add, bool assign) {
   if (values.device().is_cpu() && values.scalar_type() == at::kFloat && values.is_contiguous() &&
       sums.is_contiguous()) {
     const float* x = values.data_ptr<float>();
     int64_t* out = sums.data_ptr<int64_t>();
     const int64_t n = values.numel();
-    constexpr int64_t kGrain = 1 << 15;
-    std::vector<double> largest(size_t((n + kGrain - 1) / kGrain + 1), 0.0);
+    constexpr int64_t kGrain = 1 << 15, kBlock = 1024;
+    constexpr uint32_t kLargestFinite = 0x7f7fffffu;
+    std::vector<uint32_t> largest(size_t((n + kGrain - 1) / kGrain + 1), 0);
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
-      constexpr double kRounder = 6755399441055744.0;  // 1.5 * 2^52
-      constexpr double kExactAbove = 2251799813685248.0;  // 2^51
-      constexpr float kFinite = std::numeric_limits<float>::max();
-      float top = 0.0f;
-      bool bad = false;
-      if (add) {
-        for (int64_t i = begin; i < end; ++i) {
-          const float magnitude = std::fabs(x[i]);
-          bad |= !(magnitude <= kFinite);
-          top = std::max(top, magnitude);
-          const double y = double(x[i]) * unit;
-          const double rounded = std::fabs(y) < kExactAbove ? (y + kRounder) - kRounder : y;
-          const int64_t units = magnitude <= kFinite ? int64_t(rounded) : 0;
-          out[i] = assign ? units : out[i] + units;
+      uint32_t top = 0;
+      for (int64_t start = begin; start < end; start += kBlock) {
+        const int64_t count = std::min(kBlock, end - start);
+        uint32_t block_top = 0;
+        bool big = false;
+        if (add) {
+          quantize_block(x + start, out + start, count, unit, assign, &block_top, &big);
+        } else {
+          for (int64_t i = start; i < start + count; ++i) {
+            uint32_t bits;
+            std::memcpy(&bits, &x[i], sizeof bits);
+            block_top = std::max(block_top, bits & 0x7fffffffu);
+          }
         }
-      } else {
-        for (int64_t i = begin; i < end; ++i) {
-          const float magnitude = std::fabs(x[i]);
-          bad |= !(magnitude <= kFinite);
-          top = std::max(top, magnitude);
+        top = std::max(top, block_top);
+        if (!big || block_top > kLargestFinite) continue;  // a non-finite bucket's sum is never read
+        // Values of 2^51 units and more: integers already; the block's
+        // rounding trick got them wrong, put them right.
+        for (int64_t i = start; i < start + count; ++i) {
+          const double y = double(x[i]) * unit;
+          if (std::fabs(y) < 2251799813685248.0) continue;
+          const double rounded = y + 6755399441055744.0;
+          int64_t rounded_bits;
+          std::memcpy(&rounded_bits, &rounded, sizeof rounded_bits);
+          out[i] += int64_t(y) - (rounded_bits - 0x4338000000000000LL);
         }
       }
-      largest[size_t(begin / kGrain)] = bad ? std::numeric_limits<double>::infinity() : double(top);
+      largest[size_t(begin / kGrain)] = top;
     });
-    return *std::max_element(largest.begin(), largest.end());
+    const uint32_t top = *std::max_element(largest.begin(), largest.end());
+    if (top > kLargestFinite) return std::numeric_limits<double>::infinity();
+    float magnitude;
+    std::memcpy(&magnitude, &top, sizeof magnitude);
+    return double(magnitude);
   }
   const double top = values.abs().max().to(at::kDouble).item<double>();
   if (!std::isfinite(top)) return std::numeric_limits<double>::infinity();
@@ -333,7 +380,7 @@ void dequantize(const at::Tensor& sums, at::Tensor target, double unit, double f
     const int64_t* in = sums.data_ptr<int64_t>();
     float* out = target.data_ptr<float>();
     at::parallel_for(0, target.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) out[i] = float(double(in[i]) * inverse);
+      dequantize_block(in + begin, out + begin, end - begin, inverse);
     });
     return;
   }

@@ -78,7 +78,12 @@ def allocator_settings(build):
              f"print(','.join(m for m in {MALLOCS!r} if m in maps))")
     theirs = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=ENV).stdout.strip()
     describe = lambda found: found or "glibc malloc (LibTorch's CPU allocator: 64-byte aligned posix_memalign)"
-    return {"lockstep": {"malloc": describe(",".join(ours)), "env": env},
+    # lockstep sets glibc's thresholds itself unless the environment does
+    # (its `malloc` decision); the DDP peer runs with whatever env says.
+    thresholds = ("as the environment sets them" if any(k in env for k in ("MALLOC_MMAP_THRESHOLD_",
+                                                                           "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD"))
+                  else "mallopt at start: mmap threshold 32 MiB, trim threshold 1 GiB")
+    return {"lockstep": {"malloc": describe(",".join(ours)), "env": env, "thresholds": thresholds},
             "pytorch_ddp": {"malloc": describe(theirs), "env": env, "torch": torch_version()}}
 
 

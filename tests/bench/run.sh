@@ -23,7 +23,9 @@ echo "== scripted resnet18: lockstep against PyTorch DDP, TorchScript against ea
 "$python" "$here/scripted_resnet.py" "$build" "$repetitions"
 echo "== image folders: data wait against the step" >&2
 "$python" "$here/image_data_wait.py" "$build" "$repetitions"
-echo "== parameter distance across world sizes, and what differs where it jumps" >&2
+echo "== exact summation (the same bits on any world size) against float and PyTorch DDP" >&2
+"$python" "$here/summation.py" "$build" "$repetitions"
+echo "== does the result depend on the world size? identical or the distance, per model and precision" >&2
 "$build/tests/bench/world_sizes" 50
 echo "== step time across namespace hosts and capped links (root)" >&2
 "$build/tests/bench/multihost_links" "$repetitions" 60 || echo "multihost_links: skipped or failed (it needs root)" >&2

@@ -70,7 +70,11 @@ Summed reduce(const Gradients& gradients, int world, bool exact) {
         reducer.end_microbatch();
       }
       reducer.finish();
-      if (rank == 0) out.by_step[size_t(step)] = reducer.flat().second.clone();
+      if (rank == 0) {  // in registration order (the reducer's buffer holds them in bucket order)
+        std::vector<at::Tensor> grads;
+        for (auto& [name, p] : params) grads.push_back(p.grad().reshape({-1}));
+        out.by_step[size_t(step)] = torch::cat(grads);
+      }
     }
     if (rank == 0) out.bytes_per_step = reducer.bytes_reduced() / kSteps;
   });

@@ -255,6 +255,63 @@ class TamperedEvidence : public ::testing::Test {
 TempDir* TamperedEvidence::source_ = nullptr;
 std::string TamperedEvidence::folder_;
 
+// `lockstep compare` reads two run folders the same way: a clean copy is
+// bit-identical to its source; hostile or damaged evidence is exit 2
+// naming the file, never a crash or a hang.
+TEST_F(TamperedEvidence, CompareReadsRunFoldersWithinBounds) {
+  auto compare = [&](const std::string& a, const std::string& b) {
+    return run_lockstep({"compare", a, b}, dir_.path(), 30);
+  };
+  const std::string clean = copy();
+  auto same = compare(folder_, clean);
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_NE(same.output.find("bit-identical"), std::string::npos) << same.output;
+
+  auto damaged = [&](const std::string& name, const std::function<void(const std::string&)>& damage,
+                     const std::string& said) {
+    const std::string folder = dir_.path() + "/" + name;
+    fs::copy(folder_, folder, fs::copy_options::recursive);
+    damage(folder);
+    auto result = compare(folder_, folder);
+    EXPECT_EQ(result.exit_code, 2) << name << ": " << result.output;
+    EXPECT_NE(result.output.find(said), std::string::npos) << name << ": " << result.output;
+  };
+  damaged("nested", [](const std::string& f) {
+    std::ofstream(f + "/audit-rank0.jsonl", std::ios::app) << std::string(100000, '[') << "\n";
+  }, "audit-rank0.jsonl");
+  damaged("endless", [](const std::string& f) {  // one line of 40 MB, no newline
+    std::ofstream(f + "/audit-rank0.jsonl", std::ios::app) << std::string(40 << 20, 'x');
+  }, "audit-rank0.jsonl");
+  damaged("shapeless", [](const std::string& f) {
+    std::ofstream(f + "/audit-rank0.jsonl", std::ios::app) << "{\"step\": 3, \"tensors\": [1, 2]}\n";
+  }, "not an audit line");
+  damaged("folder", [](const std::string& f) {
+    fs::remove(f + "/manifest.json");
+    fs::create_directory(f + "/manifest.json");
+  }, "manifest.json: missing or not a regular file");
+  damaged("truncated", [](const std::string& f) {
+    fs::resize_file(f + "/manifest.json", 40);
+  }, "manifest.json: not a lockstep manifest");
+
+  // A digest changed at one audit: different, first parted there.
+  const std::string changed = dir_.path() + "/changed";
+  fs::copy(folder_, changed, fs::copy_options::recursive);
+  auto lines = read_json_lines(changed + "/audit-rank0.jsonl");
+  ASSERT_GE(lines.size(), 2u);
+  const std::string tensor = lines[1]["tensors"].begin().key();
+  lines[1]["tensors"][tensor] = "00000000000000000000000000000000";
+  {
+    std::ofstream out(changed + "/audit-rank0.jsonl");
+    for (const auto& line : lines) out << line.dump() << "\n";
+  }
+  rewrite_manifest(changed, [](nlohmann::json& m) { m["metrics"]["final_param_digest"] = "other"; });
+  auto parted = compare(folder_, changed);
+  EXPECT_EQ(parted.exit_code, 1) << parted.output;
+  EXPECT_NE(parted.output.find("first parted at step " + std::to_string(lines[1]["step"].get<int64_t>())),
+            std::string::npos) << parted.output;
+  EXPECT_NE(parted.output.find(tensor), std::string::npos) << parted.output;
+}
+
 TEST_F(TamperedEvidence, TheUntouchedFolderAgrees) {
   auto clean = audit(copy());
   EXPECT_EQ(clean.exit_code, 0) << clean.output;

@@ -195,6 +195,14 @@ TEST(WorldSizes, ACheckpointResumesOnAnotherWorldSizeAndEndsOnTheUninterruptedBi
     EXPECT_NE(resumed.output.find("Decision: resume_world_size = " + std::to_string(first) + " -> " +
                                   std::to_string(then)), std::string::npos) << resumed.output;
     EXPECT_EQ(final_digest_of(dir.path() + "/runs"), expected) << first << " ranks, then " << then;
+    if (then == 2) {  // what a resumed run must keep: the work of a step
+      auto changed = run_lockstep({"run", examples_dir() + "/synthetic.toml", "--resume", folder, "--set",
+                                   "job.steps=50", "--set", "data.global_batch=64", "--set", "data.microbatch=8"},
+                                  dir.path(), 60);
+      EXPECT_EQ(changed.exit_code, 2) << changed.output;
+      EXPECT_NE(changed.output.find("data.microbatch was 16 in the checkpointed run and is 8 now"),
+                std::string::npos) << changed.output;
+    }
     auto compared = run_lockstep({"compare", straight, folder}, dir.path(), 30);
     EXPECT_EQ(compared.exit_code, 0) << compared.output;
     EXPECT_NE(compared.output.find("bit-identical"), std::string::npos) << compared.output;
