@@ -158,6 +158,7 @@ JobConfig config_from_join(const v1::JoinReply& reply) {
   }
   config.job_file = reply.job_file();
   validate(config);
+  describe_global_batch(config);  // resolved by the coordinator; said by the ranks
   return config;
 }
 

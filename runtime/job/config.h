@@ -237,6 +237,9 @@ void validate(const JobConfig& config);
 // do), a global batch that is not a multiple of the microbatch, and per-rank
 // keys that contradict them.
 void resolve_global_batch(JobConfig& config);
+// The decisions of a resolved global batch (where it came from, each
+// rank's microbatches), for a rank that received the resolved settings.
+void describe_global_batch(JobConfig& config);
 
 // A number as the job's messages print it: six significant digits ("0.001", "1e+06").
 std::string format_number(double x);

@@ -141,12 +141,6 @@ void resolve_global_batch(JobConfig& config) {
   if (data.global_batch == 0 && data.microbatch == 0) {  // the per-rank keys, as before
     data.microbatch = data.batch_size;
     data.global_batch = data.batch_size * config.train.accum_steps * world;
-    record("data.global_batch", std::to_string(data.global_batch),
-           "from data.batch_size = " + std::to_string(data.batch_size) + " per rank x train.accum_steps = " +
-               std::to_string(config.train.accum_steps) + " x job.world_size = " + std::to_string(world) +
-               "; data.microbatch = " + std::to_string(data.microbatch) +
-               ": set data.global_batch and data.microbatch to fix the work of a step for any world size");
-    return;
   }
   if (data.microbatch == 0) data.microbatch = data.batch_size;
   if (data.global_batch == 0)
@@ -177,7 +171,22 @@ void resolve_global_batch(JobConfig& config) {
                      " microbatches per rank; leave train.accum_steps out");
   data.batch_size = data.microbatch;
   config.train.accum_steps = k / world;
-  record("microbatches_per_rank", std::to_string(k / world),
+  describe_global_batch(config);
+}
+
+void describe_global_batch(JobConfig& config) {
+  const DataSection& data = config.data;
+  const int64_t world = config.job.world_size, k = data.global_batch / std::max<int64_t>(1, data.microbatch);
+  auto record = [&](const std::string& what, const std::string& value, const std::string& reason) {
+    config.decisions.push_back(ConfigDecision{what, value, reason});
+  };
+  if (config.sources["data.global_batch"] == "default")  // derived from the per-rank keys
+    record("data.global_batch", std::to_string(data.global_batch),
+           "from data.batch_size = " + std::to_string(data.microbatch) + " per rank x train.accum_steps = " +
+               std::to_string(k / std::max<int64_t>(1, world)) + " x job.world_size = " + std::to_string(world) +
+               "; data.microbatch = " + std::to_string(data.microbatch) +
+               ": set data.global_batch and data.microbatch to fix the work of a step for any world size");
+  record("microbatches_per_rank", std::to_string(k / std::max<int64_t>(1, world)),
          "data.global_batch = " + std::to_string(data.global_batch) + " in " + std::to_string(k) +
              " microbatches of " + std::to_string(data.microbatch) + "; rank r of " + std::to_string(world) +
              " computes microbatches " + (world == 1 ? std::string("0.." + std::to_string(k - 1))

@@ -130,8 +130,9 @@ StepLoop::StepLoop(TrainerParts& parts)
       config.comm.summation == "exact"
           ? "each microbatch's gradient, loss sum and counts are summed over the step's " +
                 std::to_string(reducer_options(config).microbatches_per_step) +
-                " microbatches and every rank in 64-bit integers (one grid per bucket, from a max "
-                "all-reduce): the same bits on any world size, whichever rank computed what"
+                " microbatches of every rank in 64-bit integers (one grid per bucket, set by the step's "
+                "largest magnitude): the same bits on any world size, whichever rank computed what; "
+                "twice the bytes of float sums on the wire (comm.summation = float: today's path)"
           : "comm.summation = float: LibTorch's float sums in the all-reduce's order, started "
             "during backward; the bits depend on the world size and on which rank computed what "
             "(exact, the default, keeps them)",
@@ -139,10 +140,11 @@ StepLoop::StepLoop(TrainerParts& parts)
   parts_.decisions.record("gradient_buckets", std::to_string(reducer_.bucket_count()),
                           "comm.bucket_mb = " + fmt::format("{:g}", config.comm.bucket_mb) +
                               ", first bucket at most 1 MiB, reverse registration order, " +
-                              (config.comm.summation == "exact"
-                                   ? "summed after the step's last backward"
-                                   : config.comm.overlap ? "all-reduce started during backward"
-                                                         : "all-reduce after backward (comm.overlap = false)") +
+                              (!config.comm.overlap ? "all-reduce after backward (comm.overlap = false)"
+                               : config.comm.summation == "exact"
+                                   ? "each put on its grid and all-reduced as soon as the step's last backward "
+                                     "has produced it"
+                                   : "all-reduce started during backward") +
                               "; parameters and gradients live in one buffer each, the "
                               "optimizer updates all of them per operation");
   auto [flat_params, flat_grads] = reducer_.flat();
@@ -239,9 +241,9 @@ StepLoop::StepLoop(TrainerParts& parts)
     const bool ties_bits_to_placement = exact && policy != "mean" && !model_.buffers().empty();
     parts_.decisions.record(
         "buffers", buffers_->value(),
-        (config.comm.buffers == "auto" ? "comm.buffers = auto, " + policy + " with comm.summation = " +
-                                             config.comm.summation + ". "
-                                       : std::string()) +
+        (config.comm.buffers == "auto" && !model_.buffers().empty()
+             ? "comm.buffers = auto: " + policy + " with comm.summation = " + config.comm.summation + "; "
+             : std::string()) +
             buffers_->reason() +
             (ties_bits_to_placement ? "; with comm.buffers = " + policy +
                                           " the buffers, and through them the bits, depend on the "

@@ -84,6 +84,21 @@ class MultiHostTest : public ::testing::Test {
     return *processes.back();
   }
 
+  // A job on as many ranks as `workers` (host, local rank), its coordinator
+  // on `coordinator_host`; waits for every process it started and returns
+  // the run folder ("" after a failure, recorded).
+  std::string run_across(const std::string& coordinator_host,
+                         const std::vector<std::pair<std::string, int>>& workers, std::vector<std::string> sets) {
+    sets.push_back("job.world_size=" + std::to_string(workers.size()));
+    const size_t first = processes.size();
+    auto& coordinator = start_coordinator(coordinator_host, sets);
+    for (const auto& [host, local_rank] : workers) start_worker(host, local_rank);
+    const int status = coordinator.wait(180);
+    EXPECT_EQ(status, 0) << coordinator.output();
+    for (size_t p = first; p < processes.size(); ++p) EXPECT_EQ(processes[p]->wait(30), 0) << processes[p]->output();
+    return status == 0 ? single_run(home(coordinator_host) + "/runs") : "";
+  }
+
   // `lockstep status --json` run on `host`; null when it fails.
   nlohmann::json status(const std::string& host) {
     auto result = run_lockstep({"status", "--coordinator", coordinator_address(), "--json"},
@@ -161,16 +176,8 @@ TEST_F(MultiHostTest, ThreeHostsFourRanksMatchOneHost) {
   hosts->add("alpha");
   hosts->add("beta", NetHosts::Names::kLoopback);
   hosts->add("gamma", NetHosts::Names::kUnresolvable);
-  auto sets = kJob;
-  sets.push_back("job.world_size=4");
-  auto& coordinator = start_coordinator("alpha", sets);
-  start_worker("alpha", 0);
-  start_worker("alpha", 1);
-  start_worker("beta", 0);
-  start_worker("gamma", 0);
-  ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output();
-  for (auto& p : processes) EXPECT_EQ(p->wait(30), 0) << p->output();
-  const std::string folder = single_run(home("alpha") + "/runs");
+  const std::string folder = run_across("alpha", {{"alpha", 0}, {"alpha", 1}, {"beta", 0}, {"gamma", 0}}, kJob);
+  ASSERT_FALSE(folder.empty());
   auto manifest = read_json(folder + "/manifest.json");
   EXPECT_EQ(manifest["status"], "completed");
   EXPECT_EQ(manifest["coordinator"]["workers"].size(), 4u);
@@ -190,17 +197,9 @@ TEST_F(MultiHostTest, TwoHostsOfTwoRanksEndOnTheBitsOfOneHostOfFourAndOfOneRank)
     std::vector<std::string> sets = kJob;
     sets.insert(sets.end(), {"model.name=cnn", "model.dropout=0.3", "data.global_batch=64", "data.microbatch=16",
                              "job.steps=40", "precision=" + precision});
-    auto across = sets;
-    across.push_back("job.world_size=4");
-    const size_t first = processes.size();
-    auto& coordinator = start_coordinator("left", across);
-    start_worker("left", 0);
-    start_worker("left", 1);
-    start_worker("right", 0);
-    start_worker("right", 1);
-    ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output();
-    for (size_t p = first; p < processes.size(); ++p) EXPECT_EQ(processes[p]->wait(30), 0) << processes[p]->output();
-    auto manifest = read_json(single_run(home("left") + "/runs") + "/manifest.json");
+    const std::string folder = run_across("left", {{"left", 0}, {"left", 1}, {"right", 0}, {"right", 1}}, sets);
+    ASSERT_FALSE(folder.empty()) << precision;
+    auto manifest = read_json(folder + "/manifest.json");
     const std::string digest = manifest["metrics"].value("final_param_digest", "missing");
     std::filesystem::remove_all(home("left") + "/runs");
     TempDir four, one;

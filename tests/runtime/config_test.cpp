@@ -142,8 +142,9 @@ TEST_F(ConfigTest, TheCommandLinesRunLengthReplacesTheFilesAsADecision) {
   JobConfig c = load_job_config(write("[job]\nepochs = 5\n"), {"job.steps=300"});
   EXPECT_EQ(c.job.steps, 300);
   EXPECT_EQ(c.job.epochs, 0);
-  ASSERT_EQ(c.decisions.size(), 2u);  // and data.global_batch, from the per-rank keys
+  ASSERT_EQ(c.decisions.size(), 3u);  // and data.global_batch from the per-rank keys, and each rank's share
   EXPECT_EQ(c.decisions[1].what, "data.global_batch");
+  EXPECT_EQ(c.decisions[2].what, "microbatches_per_rank");
   EXPECT_EQ(c.decisions[0].what, "run_length");
   EXPECT_EQ(c.decisions[0].value, "300 steps");
   EXPECT_NE(c.decisions[0].reason.find("replaces job.epochs = 5 from " + path_), std::string::npos)
@@ -183,9 +184,12 @@ TEST_F(ConfigTest, TheGlobalBatchFixesTheWorkAndTheWorldSizeOnlyDividesIt) {
   JobConfig old_way = load("[job]\nworld_size = 4\n[data]\nbatch_size = 16\n[train]\naccum_steps = 2\n");
   EXPECT_EQ(old_way.data.global_batch, 128);
   EXPECT_EQ(old_way.data.microbatch, 16);
-  ASSERT_FALSE(old_way.decisions.empty());
-  EXPECT_EQ(old_way.decisions.back().what, "data.global_batch");
-  EXPECT_NE(old_way.decisions.back().reason.find("data.batch_size = 16 per rank x train.accum_steps = 2 x "
+  ASSERT_GE(old_way.decisions.size(), 2u);
+  EXPECT_EQ(old_way.decisions.back().what, "microbatches_per_rank");
+  EXPECT_EQ(old_way.decisions.back().value, "2");
+  const ConfigDecision& mapped = old_way.decisions[old_way.decisions.size() - 2];
+  EXPECT_EQ(mapped.what, "data.global_batch");
+  EXPECT_NE(mapped.reason.find("data.batch_size = 16 per rank x train.accum_steps = 2 x "
                                                  "job.world_size = 4"), std::string::npos);
   for (int world : {1, 2, 4, 8}) {
     JobConfig c = load("[job]\nworld_size = " + std::to_string(world) +
