@@ -1,5 +1,6 @@
 #pragma once
-// Gradient all-reduce in buckets: the mean over the global batch.
+// Gradient all-reduce in buckets: the mean over the global batch, summed in
+// float (today's path) or exactly (the same bits on any world size).
 // Gradients are grouped in the reverse order of parameter registration
 // (about the order backward produces them), the first bucket small, the
 // others up to bucket_bytes. Each rank back-propagates the sum of its
@@ -46,15 +47,16 @@ struct ReducerOptions {
   // A parameter without a gradient in a step (on any rank): finish() throws
   // naming it (true), or it counts as zeros and is named once (false).
   bool error_on_unused = true;
-  // Exact summation (comm.summation = exact): each microbatch's gradient is
-  // kept apart, and the step's sum over all microbatches of all ranks is
-  // taken in 64-bit integers on one grid per bucket, so the result does not
-  // depend on the world size, on which rank computed what or on the order
-  // anything arrived. The grid comes from the step before's largest
-  // magnitude (histograms of exponents ride along with the sum); a step
-  // whose largest magnitude left it is summed again on its own grid. The loss sum and counts that ride along go
-  // on a fixed grid of 2^-32. `microbatches_per_step` is the job's k (all
-  // ranks together); it sizes the grid's headroom.
+  // Exact summation (comm.summation = exact): each microbatch's gradient
+  // goes onto one integer grid per bucket and the step's sum over all
+  // microbatches of all ranks is taken in 64-bit integers, so the result
+  // does not depend on the world size, on which rank computed what or on
+  // the order anything arrived. A bucket's grid is set by the step's largest
+  // magnitude (exponent histograms ride along with the sums); the previous
+  // step's grid is used ahead, and a bucket whose largest magnitude changed
+  // its class is summed again on its own. The loss sum and counts that ride
+  // along go on a fixed grid of 2^-32. `microbatches_per_step` is the job's
+  // k (all ranks together); it sizes the grid's headroom.
   bool exact = false;
   int64_t microbatches_per_step = 1;
 };
