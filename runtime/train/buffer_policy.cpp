@@ -8,8 +8,13 @@
 
 namespace lockstep {
 
-BufferPolicy::BufferPolicy(std::string policy, NamedTensors buffers, CollectiveGroup& group)
-    : policy_(std::move(policy)), buffers_(std::move(buffers)), group_(group) {}
+BufferPolicy::BufferPolicy(const std::string& policy, const std::string& summation, NamedTensors buffers,
+                           CollectiveGroup& group)
+    : asked_(policy),
+      summation_(summation),
+      policy_(policy != "auto" ? policy : summation == "exact" ? "mean" : "broadcast"),
+      buffers_(std::move(buffers)),
+      group_(group) {}
 
 void BufferPolicy::begin_microbatch(int64_t micro) {
   if (policy_ != "mean" || buffers_.empty()) return;
@@ -108,6 +113,16 @@ std::string BufferPolicy::value() const {
 
 std::string BufferPolicy::reason() const {
   if (buffers_.empty()) return "the model has no buffers";
+  const std::string chosen =
+      asked_ == "auto" ? "comm.buffers = auto: " + policy_ + " with comm.summation = " + summation_ + "; " : "";
+  const std::string tie = ties_bits_to_world_size()
+                              ? "; with comm.buffers = " + policy_ + " the buffers, and through them the bits, "
+                                "depend on the world size (mean keeps them independent of it)"
+                              : "";
+  return chosen + rule() + tie;
+}
+
+std::string BufferPolicy::rule() const {
   if (policy_ == "mean")
     return "comm.buffers = mean: every microbatch's forward starts from the step's buffers and the "
            "step applies the mean of the microbatches' changes, summed exactly over all of them: the "

@@ -26,7 +26,10 @@ namespace lockstep {
 
 class BufferPolicy {
  public:
-  BufferPolicy(std::string policy, NamedTensors buffers, CollectiveGroup& group);
+  // `policy` is comm.buffers: auto is mean with `summation` = exact (the
+  // rule that keeps its bits), broadcast with float.
+  BufferPolicy(const std::string& policy, const std::string& summation, NamedTensors buffers,
+               CollectiveGroup& group);
   // Around each microbatch's forward (mean only; nothing otherwise):
   // `micro` counts this rank's microbatches in the step from 0.
   void begin_microbatch(int64_t micro);
@@ -48,6 +51,9 @@ class BufferPolicy {
   std::string value() const;
   std::string reason() const;
   bool active() const { return policy_ != "local" && !buffers_.empty(); }
+  // A policy that makes the buffers, and through them the bits, depend on
+  // the world size although the sums are exact: the decision is a warning.
+  bool ties_bits_to_world_size() const { return summation_ == "exact" && policy_ != "mean" && !buffers_.empty(); }
 
  private:
   std::vector<at::Tensor> take_rank_zero_buffers();  // returns copies of this rank's own
@@ -55,8 +61,11 @@ class BufferPolicy {
   void broadcast_all();
 
   void apply_mean_change(int64_t total_microbatches);
+  std::string rule() const;  // what policy_ does, for reason()
 
-  std::string policy_;
+  std::string asked_;      // comm.buffers as set
+  std::string summation_;  // comm.summation
+  std::string policy_;     // what auto resolved to
   NamedTensors buffers_;
   std::vector<at::Tensor> step_start_;   // mean: the buffers as the step found them
   std::vector<at::Tensor> changes_;      // mean: each microbatch's change, flat, in double

@@ -99,6 +99,7 @@ class StepLoop {
   std::unique_ptr<optim::Optimizer> optimizer_;
   CheckpointStore checkpoints_;
   int64_t first_step_ = 0, microbatches_done_ = 0, last_epoch_ = 0;
+  const int64_t microbatches_per_step_ = reducer_options(config_).microbatches_per_step;  // k, all ranks
   int64_t skipped_reported_ = -1;  // rows skipped in batches, as last told to the observer
   int64_t log_every_ = 1;          // job.log_every, or about a tenth of a short run
   std::optional<Augmenter> augmenter_;  // before batches_: the stream uses it
@@ -232,25 +233,8 @@ StepLoop::StepLoop(TrainerParts& parts)
                           "loss " + objective_->name() + ": every rank's loss sum and count of valid " +
                               objective_->unit() + "s ride along with the gradient all-reduce, so the "
                               "logged loss is comparable across world sizes");
-  {
-    // auto: the rule that keeps the bits of the summation chosen.
-    const bool exact = config.comm.summation == "exact";
-    std::string policy = config.comm.buffers;
-    if (policy == "auto") policy = exact ? "mean" : "broadcast";
-    buffers_.emplace(policy, model_.buffers(), parts_.data_group);
-    const bool ties_bits_to_placement = exact && policy != "mean" && !model_.buffers().empty();
-    parts_.decisions.record(
-        "buffers", buffers_->value(),
-        (config.comm.buffers == "auto" && !model_.buffers().empty()
-             ? "comm.buffers = auto: " + policy + " with comm.summation = " + config.comm.summation + "; "
-             : std::string()) +
-            buffers_->reason() +
-            (ties_bits_to_placement ? "; with comm.buffers = " + policy +
-                                          " the buffers, and through them the bits, depend on the "
-                                          "world size (mean keeps them independent of it)"
-                                    : std::string()),
-        /*warn=*/ties_bits_to_placement);
-  }
+  buffers_.emplace(config.comm.buffers, config.comm.summation, model_.buffers(), parts_.data_group);
+  parts_.decisions.record("buffers", buffers_->value(), buffers_->reason(), buffers_->ties_bits_to_world_size());
   // A short run with the default job.log_every would log a point or two:
   // about 10 points over the run instead, said as a decision.
   log_every_ = config.job.log_every;
@@ -360,7 +344,7 @@ double StepLoop::accumulate_gradients(int64_t step) {
   }
   auto scope = timer.measure(Phase::kCommWait);
   const double global_valid = reducer_.finish();
-  buffers_->sync(reducer_options(config_).microbatches_per_step);  // this step's forwards changed them
+  buffers_->sync(microbatches_per_step_);  // this step's forwards changed them
   return global_valid;
 }
 
