@@ -255,8 +255,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     // Second half: every microbatch its own stream, seeded from (seed, step,
     // microbatch) before its forward; checked here on each rank's first
     // microbatch of step 0 (rank r of W starts at microbatch r * k / W).
-    const int64_t microbatches = config.data.global_batch / std::max<int64_t>(1, config.data.microbatch);
-    const int64_t first_microbatch = int64_t(rank) * (microbatches / std::max<int64_t>(1, config.job.world_size));
+    const int64_t first_microbatch = int64_t(rank) * config.train.accum_steps;  // k / W each
     const uint64_t train_seed = config.test.no_reseed ? uint64_t(config.job.seed)
                                                       : microbatch_seed(uint64_t(config.job.seed), 0, first_microbatch);
     seed_everything(train_seed);

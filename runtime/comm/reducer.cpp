@@ -276,18 +276,28 @@ int grid_of(int exponent) {
   return exponent - below + kGridStride;
 }
 
+// Round half to even by adding and taking away 1.5 * 2^52: exact for
+// |y| < 2^51, the integer read from the sum's bits (no conversion
+// instruction, so the loop below vectorises).
+constexpr double kRounder = 6755399441055744.0;      // 1.5 * 2^52
+constexpr int64_t kRounderBits = 0x4338000000000000LL;
+constexpr double kRoundsExactlyBelow = 2251799813685248.0;  // 2^51
+
+inline int64_t round_by_rounder(double y) {
+  const double rounded = y + kRounder;
+  int64_t bits;
+  std::memcpy(&bits, &rounded, sizeof bits);
+  return bits - kRounderBits;
+}
+
 // One block of fp32 values onto the grid: out (+)= round(x * unit), half
-// to even, by adding and taking away 1.5 * 2^52 (exact for |x * unit| <
-// 2^51; `*big` says some value was above, where x * unit is an integer
-// already and quantize_add puts it right). `*top` gets the largest
+// to even, by round_by_rounder (`*big` says some value was 2^51 units or
+// more, where x * unit is an integer already and quantize_add puts it right). `*top` gets the largest
 // magnitude's bits (above 0x7f7fffff: inf or NaN). Compiled for the vector
 // units the machine has; every version computes the same integers.
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void quantize_block(const float* x, int64_t* out, int64_t n, double unit, bool assign, uint32_t* top,
                     bool* big) {
-  constexpr double kRounder = 6755399441055744.0;  // 1.5 * 2^52
-  constexpr int64_t kRounderBits = 0x4338000000000000LL;
-  constexpr double kExactBelow = 2251799813685248.0;  // 2^51
   uint32_t largest = 0;
   int above = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -296,11 +306,8 @@ void quantize_block(const float* x, int64_t* out, int64_t n, double unit, bool a
     bits &= 0x7fffffffu;
     largest = bits > largest ? bits : largest;
     const double y = double(x[i]) * unit;
-    above |= std::fabs(y) >= kExactBelow;
-    const double rounded = y + kRounder;
-    int64_t rounded_bits;
-    std::memcpy(&rounded_bits, &rounded, sizeof rounded_bits);
-    const int64_t units = rounded_bits - kRounderBits;
+    above |= std::fabs(y) >= kRoundsExactlyBelow;
+    const int64_t units = round_by_rounder(y);
     out[i] = assign ? units : out[i] + units;
   }
   *top = largest;
@@ -348,11 +355,7 @@ double quantize_add(const at::Tensor& values, at::Tensor sums, double unit, bool
         // rounding trick got them wrong, put them right.
         for (int64_t i = start; i < start + count; ++i) {
           const double y = double(x[i]) * unit;
-          if (std::fabs(y) < 2251799813685248.0) continue;
-          const double rounded = y + 6755399441055744.0;
-          int64_t rounded_bits;
-          std::memcpy(&rounded_bits, &rounded, sizeof rounded_bits);
-          out[i] += int64_t(y) - (rounded_bits - 0x4338000000000000LL);
+          if (std::fabs(y) >= kRoundsExactlyBelow) out[i] += int64_t(y) - round_by_rounder(y);
         }
       }
       largest[size_t(begin / kGrain)] = top;
@@ -518,10 +521,10 @@ void GradientReducer::reduce_exactly() {
   const at::Tensor tail_sums = reduced.narrow(0, tail_start, kTailSlots).clone();
   // Buckets whose grid class changed (or the first step's): again on the
   // step's own grid, a second all-reduce of those buckets only.
-  at::Tensor result = reduced;
+  // On the CPU `reduced` is sums_ itself: a bucket summed again overwrites
+  // its own span (its first microbatch assigns), the others keep the first
+  // round's sums.
   if (redo) {
-    result = reduced.clone();
-    sums_ = at::zeros({reduced.numel()}, at::kLong);  // `result` keeps the first round's
     std::vector<at::Tensor> spans;
     std::vector<size_t> again;
     for (size_t b = 0; b < count; ++b) {
@@ -544,7 +547,8 @@ void GradientReducer::reduce_exactly() {
     }
     for (size_t i = 0; i < spans.size(); ++i) {
       if (i < pending.size()) pending[i].wait();
-      result.narrow(0, buckets_[again[i]].start, buckets_[again[i]].length).copy_(spans[i]);
+      if (!gradients_.device().is_cpu())  // back from the device into the host copy
+        reduced.narrow(0, buckets_[again[i]].start, buckets_[again[i]].length).copy_(spans[i]);
     }
     ++regrids_;
   }
@@ -559,7 +563,7 @@ void GradientReducer::reduce_exactly() {
     at::Tensor target = gradients_.narrow(0, buckets_[b].start, buckets_[b].length);
     if (nonfinite[b]) target.fill_(std::numeric_limits<double>::quiet_NaN());
     else if (actual[b] == kNoGrid) target.zero_();
-    else dequantize(result.narrow(0, buckets_[b].start, buckets_[b].length), target,
+    else dequantize(reduced.narrow(0, buckets_[b].start, buckets_[b].length), target,
                     std::ldexp(1.0, kGridBits - actual[b] - headroom), factor);
   }
   at::Tensor tail_values = tail_sums.to(at::kDouble);

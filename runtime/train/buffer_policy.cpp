@@ -107,7 +107,6 @@ void BufferPolicy::broadcast_all() {
 std::string BufferPolicy::value() const {
   if (buffers_.empty()) return "none to share";
   if (policy_ == "mean") return "mean of the microbatches' changes (" + std::to_string(buffers_.size()) + " buffers)";
-  if (buffers_.empty()) return "none to share";
   return policy_ + " (" + std::to_string(buffers_.size()) + " buffers)";
 }
 

@@ -130,8 +130,7 @@ StepLoop::StepLoop(TrainerParts& parts)
       "comm.summation", config.comm.summation,
       config.comm.summation == "exact"
           ? "each microbatch's gradient, loss sum and counts are summed over the step's " +
-                std::to_string(reducer_options(config).microbatches_per_step) +
-                " microbatches of every rank in 64-bit integers (one grid per bucket, set by the step's "
+                std::to_string(microbatches_per_step_) + " microbatches of every rank in 64-bit integers (one grid per bucket, set by the step's "
                 "largest magnitude): the same bits on any world size, whichever rank computed what; "
                 "twice the bytes of float sums on the wire (comm.summation = float: today's path)"
           : "comm.summation = float: LibTorch's float sums in the all-reduce's order, started "
@@ -166,7 +165,7 @@ StepLoop::StepLoop(TrainerParts& parts)
     parts_.events.write({{"event", "resumed"}, {"step", first_step_}, {"folder", parts_.resume->folder}});
   }
   if (parts_.steps_done) *parts_.steps_done = first_step_;
-  const int64_t per_step = config.data.global_batch / config.data.microbatch;
+  const int64_t per_step = microbatches_per_step_;
   const int64_t first_index = parts_.rank * config.train.accum_steps;  // this rank's first microbatch of a step
   augmenter_.emplace(parse_augment(config.data.augment), uint64_t(config.job.seed));
   if (augmenter_->active()) {
