@@ -267,6 +267,10 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
   action.sa_flags = SA_RESTART;
   sigemptyset(&action.sa_mask);
   ::sigaction(SIGUSR1, &action, nullptr);
+  // A peer that shut its connections down (it left a generation this
+  // process was frozen through) must make a send fail with an error the
+  // rank reports, not end the process with SIGPIPE before it says why.
+  ::signal(SIGPIPE, SIG_IGN);
   // Generation after generation while the coordinator restarts the job.
   for (int64_t previous = 0;;) {
     previous = run_one_generation(client, connection, previous, start);

@@ -45,6 +45,29 @@ bool JobState::from_ended_generation_locked(const std::string& run_id, int64_t g
   return run_id == options_.run_id && generation >= options_.generation && generation < generation_;
 }
 
+void JobState::add_worker_locked(Worker worker) {
+  if (worker.local_rank >= 0) ++slots_[{worker.host, worker.local_rank}];
+  if (worker.rank >= 0) claimed_ranks_.insert(worker.rank);
+  workers_.push_back(std::move(worker));
+}
+
+void JobState::erase_worker_locked(std::vector<Worker>::iterator w) {
+  if (w->local_rank >= 0) {
+    auto slot = slots_.find({w->host, w->local_rank});
+    if (slot != slots_.end() && --slot->second == 0) slots_.erase(slot);
+  }
+  claimed_ranks_.erase(w->rank);
+  workers_.erase(w);
+  index_of_rank_.clear();  // ranks are assigned again when the job is full
+}
+
+void JobState::clear_workers_locked() {
+  workers_.clear();
+  index_of_rank_.clear();
+  slots_.clear();
+  claimed_ranks_.clear();
+}
+
 bool JobState::rendezvous_expired_locked(Clock::time_point now) const {
   return state_ == State::kWaiting && now >= waiting_since_ + options_.rendezvous_timeout;
 }
@@ -63,9 +86,12 @@ const char* JobState::state_name(State state) {
 std::string JobState::who_joined_locked() const {
   if (workers_.empty()) return "nobody joined";
   std::string out;
-  for (const auto& w : workers_)
+  for (size_t i = 0; i < workers_.size() && i < 16; ++i) {
+    const Worker& w = workers_[i];
     out += (out.empty() ? "" : ", ") + w.host + " (pid " + std::to_string(w.pid) + ", local rank " +
            std::to_string(w.local_rank) + ", from " + w.peer + ")";
+  }
+  if (workers_.size() > 16) out += ", ... (" + std::to_string(workers_.size() - 16) + " more)";
   return std::to_string(workers_.size()) + " of " + std::to_string(options_.world_size) +
          " joined: " + out;
 }
@@ -76,8 +102,9 @@ JobState::Worker* JobState::find_locked(const std::string& run_id, int rank, int
     *error = {grpc::StatusCode::NOT_FOUND, "unknown run id '" + run_id + "'"};
     return nullptr;
   }
-  for (auto& w : workers_)
-    if (w.rank == rank && generation == generation_ && state_ != State::kWaiting) return &w;
+  if (generation == generation_ && state_ != State::kWaiting && rank >= 0 &&
+      size_t(rank) < index_of_rank_.size())
+    return &workers_[index_of_rank_[size_t(rank)]];
   *error = {grpc::StatusCode::NOT_FOUND, "no rank " + std::to_string(rank) + " in generation " +
                                              std::to_string(generation) + " of run " + run_id};
   return nullptr;
@@ -89,7 +116,12 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
   if (auto refused = parse_audits(request, &audits); !refused.ok()) return refused;
   std::lock_guard<std::mutex> lock(mutex_);
   if (from_ended_generation_locked(request.run_id(), request.generation())) {
-    if (state_ == State::kFailed) {
+    if (auto lost = lost_ranks_.find({request.generation(), request.rank()}); lost != lost_ranks_.end()) {
+      reply->set_command(v1::HeartbeatReply::ABORT);
+      reply->set_reason("this rank was declared lost in generation " + std::to_string(request.generation()) +
+                        " (" + lost->second + ") and the job went on without it; a process that comes "
+                        "back is not merged: start a new worker to rejoin");
+    } else if (state_ == State::kFailed) {
       reply->set_command(v1::HeartbeatReply::ABORT);
       reply->set_reason(failure_);
     } else {

@@ -152,6 +152,9 @@ class JobState {
   };
 
   bool ended_locked() const;  // completed, failed or stopped
+  // `w` of the running generation is lost for `why`: marked dead, and kept
+  // out should its process come back.
+  void declare_lost_locked(Worker& w, const std::string& why);
   void assign_ranks_locked();
   void fail_locked(const std::string& reason);
   // A worker is lost: a new generation while fault.max_restarts allows,
@@ -167,6 +170,12 @@ class JobState {
   std::string rank_state_locked(const Worker& w) const;
   nlohmann::json workers_json_locked() const;
   Worker* find_locked(const std::string& run_id, int rank, int64_t generation, grpc::Status* error);
+  // workers_ is changed only through these, which keep the indexes below
+  // in step: a heartbeat finds its rank, and a join checks its slot, in
+  // time that does not grow with the number of workers.
+  void add_worker_locked(Worker worker);
+  void erase_worker_locked(std::vector<Worker>::iterator w);
+  void clear_workers_locked();
   static const char* state_name(State state);
   static double seconds_between(Clock::time_point a, Clock::time_point b);  // b - a, in seconds
 
@@ -175,7 +184,11 @@ class JobState {
   mutable std::mutex mutex_;
   mutable std::condition_variable changed_;
   State state_ = State::kWaiting;       // guarded by mutex_
-  std::vector<Worker> workers_;         // guarded by mutex_; index = join order
+  std::vector<Worker> workers_;         // guarded by mutex_; in join order
+  std::vector<size_t> index_of_rank_;   // guarded by mutex_; rank -> index in workers_ (while running)
+  std::map<std::pair<std::string, int>, int> slots_;  // guarded by mutex_; (host, local rank) joined
+  std::set<int> claimed_ranks_;         // guarded by mutex_; ranks claimed by workers_ (RANK)
+  int waiting_joins_ = 0;               // guarded by mutex_; Join calls held for the rendezvous
   std::string failure_;                 // guarded by mutex_
   // The job's failure came from a rank that only lost its peer: a later
   // report of a rank's own error replaces it as the root cause.
@@ -189,6 +202,11 @@ class JobState {
   nlohmann::json earlier_generations_ = nlohmann::json::array();  // guarded by mutex_
   int joins_ = 0;                       // guarded by mutex_; every Join so far
   std::set<int> earlier_pids_;          // guarded by mutex_; processes of restarted generations
+  // Processes declared lost (host, pid) and their ranks (generation, rank):
+  // one that comes back (a frozen process thawed, a link restored) is
+  // refused, never merged into a later generation. Guarded by mutex_.
+  std::set<std::pair<std::string, int>> lost_processes_;
+  std::map<std::pair<int64_t, int>, std::string> lost_ranks_;  // -> why it was declared lost
   std::set<int64_t> audited_steps_;     // guarded by mutex_
   std::string last_audit_;              // guarded by mutex_
   std::string last_eval_;               // guarded by mutex_

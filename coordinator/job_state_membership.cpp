@@ -26,6 +26,7 @@ void JobState::assign_ranks_locked() {
     return a->join_order < b->join_order;
   });
   std::vector<bool> taken(size_t(options_.world_size), false);
+  index_of_rank_.assign(size_t(options_.world_size), 0);
   for (auto* w : order)
     if (w->rank >= 0) taken[size_t(w->rank)] = true;  // claims were checked at join
   size_t next = 0;
@@ -48,15 +49,20 @@ void JobState::assign_ranks_locked() {
   }
   spdlog::info("Decision: ranks = {} (sorted by host name, local rank, join order{})", placed,
                claims.empty() ? "" : "; claimed by the worker (RANK): " + claims);
-  for (auto& w : workers_) {
-    w.local_world_size = 0;
-    w.local_index = 0;
-    for (const auto& other : workers_) {
-      if (other.host != w.host) continue;
-      ++w.local_world_size;
-      if (other.rank < w.rank) ++w.local_index;
+  // Each host's workers, in rank order: the count and each one's place.
+  // `order` is sorted by host first, so a host's workers are adjacent.
+  for (size_t i = 0; i < order.size();) {
+    size_t end = i;
+    while (end < order.size() && order[end]->host == order[i]->host) ++end;
+    std::vector<Worker*> host(order.begin() + long(i), order.begin() + long(end));
+    std::sort(host.begin(), host.end(), [](const Worker* a, const Worker* b) { return a->rank < b->rank; });
+    for (size_t j = 0; j < host.size(); ++j) {
+      host[j]->local_world_size = int(host.size());
+      host[j]->local_index = int(j);
     }
+    i = end;
   }
+  for (size_t i = 0; i < workers_.size(); ++i) index_of_rank_[size_t(workers_[i].rank)] = i;
 }
 
 grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& peer,
@@ -72,6 +78,12 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
     return {grpc::StatusCode::NOT_FOUND,
             "unknown run id '" + request.run_id() + "': this coordinator runs '" +
                 options_.run_id + "'"};
+  if (request.previous_generation() > 0 && lost_processes_.count({request.hostname(), request.pid()}))
+    return {grpc::StatusCode::ABORTED,
+            request.hostname() + " pid " + std::to_string(request.pid()) + " was declared lost in generation " +
+                std::to_string(request.previous_generation()) + " and the job went on without it: a "
+                "process that comes back is not merged (its state is that of a step the others have "
+                "left); start a new worker on that host to rejoin the job"};
   if (state_ == State::kRunning && int(restarts_.size()) < options_.max_restarts) {
     // A replacement, started by a supervisor that saw a worker die. When it
     // names its slot (LOCAL_RANK) and that slot's rank is still listed as
@@ -82,12 +94,12 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
              w.local_rank == request.local_rank() && w.state == "running";
     });
     if (same_slot != workers_.end()) {
-      same_slot->state = "dead";
-      restart_or_fail_locked("rank " + std::to_string(same_slot->rank) + " (" + same_slot->host +
-                                 " pid " + std::to_string(same_slot->pid) + ") was replaced: " +
-                                 "pid " + std::to_string(request.pid()) + " joined for its slot " +
-                                 "(local rank " + std::to_string(request.local_rank()) + ")",
-                             same_slot->rank);
+      const std::string why = "rank " + std::to_string(same_slot->rank) + " (" + same_slot->host +
+                              " pid " + std::to_string(same_slot->pid) + ") was replaced: " +
+                              "pid " + std::to_string(request.pid()) + " joined for its slot " +
+                              "(local rank " + std::to_string(request.local_rank()) + ")";
+      declare_lost_locked(*same_slot, why);
+      restart_or_fail_locked(why, same_slot->rank);
     } else {
       spdlog::info("coordinator: {} pid {} arrived while generation {} runs: it waits as a "
                    "replacement for the next generation", request.hostname(), request.pid(),
@@ -109,13 +121,14 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
       return {grpc::StatusCode::FAILED_PRECONDITION,
               "claimed rank " + std::to_string(claim) + " is outside 0.." +
                   std::to_string(options_.world_size - 1)};
-    for (const auto& w : workers_)
-      if (w.rank == claim)
-        return {grpc::StatusCode::FAILED_PRECONDITION,
-                "rank " + std::to_string(claim) + " is already claimed by " + w.host + " pid " +
-                    std::to_string(w.pid)};
+    if (claimed_ranks_.count(claim))
+      for (const auto& w : workers_)  // found: said once, the scan is for its name
+        if (w.rank == claim)
+          return {grpc::StatusCode::FAILED_PRECONDITION,
+                  "rank " + std::to_string(claim) + " is already claimed by " + w.host + " pid " +
+                      std::to_string(w.pid)};
   }
-  if (request.local_rank() >= 0)
+  if (request.local_rank() >= 0 && slots_.count({request.hostname(), request.local_rank()}))
     for (const auto& w : workers_)
       if (w.host == request.hostname() && w.local_rank == request.local_rank())
         return {grpc::StatusCode::FAILED_PRECONDITION,
@@ -131,16 +144,21 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
   worker.joined_at = utc_timestamp();
   worker.rank = request.has_claimed_rank() ? request.claimed_rank() : -1;
   worker.previous_generation = request.previous_generation();
-  workers_.push_back(worker);
   const int join_order = worker.join_order;
-  spdlog::info("coordinator: join {} of {}{}: {} local rank {} pid {} from {}{}", workers_.size(),
-               options_.world_size, generation_ > options_.generation
-                   ? " for generation " + std::to_string(generation_) : "",
-               worker.host, worker.local_rank, worker.pid, peer,
-               worker.previous_generation > 0
-                   ? " (the same process, back from generation " +
-                         std::to_string(worker.previous_generation) + ")"
-                   : "");
+  add_worker_locked(std::move(worker));
+  const Worker& added = workers_.back();
+  // One line per join for a lab's jobs; for thousands, the first ones, then
+  // every tenth of the way (a line per join would cost more than the join).
+  const size_t joined = workers_.size(), every = std::max<size_t>(1, size_t(options_.world_size) / 10);
+  if (options_.world_size <= 64 || joined <= 8 || joined % every == 0)
+    spdlog::info("coordinator: join {} of {}{}: {} local rank {} pid {} from {}{}", joined,
+                 options_.world_size, generation_ > options_.generation
+                     ? " for generation " + std::to_string(generation_) : "",
+                 added.host, added.local_rank, added.pid, peer,
+                 added.previous_generation > 0
+                     ? " (the same process, back from generation " +
+                           std::to_string(added.previous_generation) + ")"
+                     : "");
 
   if (int(workers_.size()) == options_.world_size) {
     assign_ranks_locked();
@@ -160,17 +178,24 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
   auto started = [&] { return state_ != State::kWaiting || rendezvous_expired_locked(Clock::now()); };
   // In slices, so that a caller that went away (a worker killed while it
   // waited) is noticed and its slot freed before the job starts without it.
+  // A slice grows with the number of held calls (each wakes once a slice):
+  // 100 ms for a lab's jobs, up to 2 s for ten thousand workers, so that
+  // the waiting costs the coordinator little more than the joining.
   bool gone = false;
+  ++waiting_joins_;
   while (!started() && Clock::now() < wait_end) {
-    changed_.wait_until(lock, std::min(wait_end, Clock::now() + std::chrono::milliseconds(100)), started);
+    const auto slice = std::chrono::milliseconds(std::clamp(waiting_joins_, 100, 2000));
+    changed_.wait_until(lock, std::min(wait_end, Clock::now() + slice), started);
     if (!started() && caller_gone && caller_gone()) {
       gone = true;
       break;
     }
   }
-  auto mine = std::find_if(workers_.begin(), workers_.end(), [&](const Worker& w) {
-    return w.join_order == join_order;
-  });
+  --waiting_joins_;
+  // workers_ stays in join order (erasing keeps it): found by bisection.
+  auto mine = std::lower_bound(workers_.begin(), workers_.end(), join_order,
+                               [](const Worker& w, int order) { return w.join_order < order; });
+  if (mine != workers_.end() && mine->join_order != join_order) mine = workers_.end();
   if (state_ == State::kWaiting) {
     if (rendezvous_expired_locked(Clock::now())) {
       fail_locked("rendezvous timed out after " +
@@ -182,7 +207,7 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
                      "({} of {} joined)", mine->host, mine->pid,
                      gone ? "went away (its Join was cancelled)" : "gave up waiting",
                      workers_.size() - 1, options_.world_size);
-        workers_.erase(mine);
+        erase_worker_locked(mine);
       }
       return {grpc::StatusCode::DEADLINE_EXCEEDED, "gave up waiting for the other workers"};
     }

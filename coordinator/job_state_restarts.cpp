@@ -29,7 +29,7 @@ void JobState::restart_or_fail_locked(const std::string& reason, int dead_rank) 
     // another failure (the dead one's included: declared dead by silence,
     // its process may end only later).
     for (const auto& w : workers_) earlier_pids_.insert(w.pid);
-    workers_.clear();
+    clear_workers_locked();
     ++generation_;
     state_ = State::kWaiting;
   }
@@ -51,6 +51,12 @@ void JobState::restart_or_fail_locked(const std::string& reason, int dead_rank) 
   changed_.notify_all();
 }
 
+void JobState::declare_lost_locked(Worker& w, const std::string& why) {
+  w.state = "dead";
+  lost_processes_.insert({w.host, w.pid});
+  lost_ranks_[{generation_, w.rank}] = why;
+}
+
 bool JobState::process_ended(int pid, const std::string& what, bool bad_input) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (ended_locked()) return false;
@@ -67,10 +73,10 @@ bool JobState::process_ended(int pid, const std::string& what, bool bad_input) {
     reason = (w->rank >= 0 ? "rank " + std::to_string(w->rank) : "a joined worker") + " (" +
              w->host + " pid " + std::to_string(pid) + ") " + what;
     if (state_ == State::kWaiting) {
-      workers_.erase(w);  // still forming: the replacement takes its place
+      erase_worker_locked(w);  // still forming: the replacement takes its place
     } else {
       rank = w->rank;
-      w->state = "dead";
+      declare_lost_locked(*w, reason);
       spdlog::error("coordinator: {} at step {}", reason, w->step);
     }
   }
@@ -93,7 +99,6 @@ void JobState::check_liveness() {
     if (w.state != "running" || state_ == State::kWaiting) continue;
     double silent = seconds_between(w.last_heartbeat, now);
     if (silent * 1000.0 <= double(options_.heartbeat_timeout.count())) continue;
-    w.state = "dead";
     spdlog::error("coordinator: rank {} ({} pid {}) declared dead: no heartbeat for {:.1f} s "
                   "(fault.heartbeat_timeout_s = {:g}), last step {}",
                   w.rank, w.host, w.pid, silent, options_.heartbeat_timeout.count() / 1000.0, w.step);
@@ -101,6 +106,7 @@ void JobState::check_liveness() {
                                std::to_string(w.pid) + ") is dead: no heartbeat for " +
                                std::to_string(silent).substr(0, 4) + " s, last step " +
                                std::to_string(w.step);
+    declare_lost_locked(w, reason);
     if (options_.on_rank_declared_dead) options_.on_rank_declared_dead(w.pid);
     if (state_ == State::kRunning) {
       restart_or_fail_locked(reason, w.rank);  // may end this generation: workers_ is cleared

@@ -6,6 +6,7 @@
 
 #include "lockstep/proto/lockstep.pb.h"
 #include "runtime/base/errors.h"
+#include "runtime/run/generation.h"
 #include "worker/coordinator_client.h"
 
 namespace lockstep {
@@ -59,6 +60,9 @@ v1::StoreReply wait_for(CoordinatorClient& client, StoreRequest r, std::chrono::
     v1::StoreReply reply = call(client, r, std::chrono::milliseconds(r.wait_ms()) +
                                                std::min(timeout, std::chrono::milliseconds(10000)));
     if (reply.found()) return reply;
+    // A rank lost while the others wait for its key: the coordinator ended
+    // the generation, and the wait ends with it.
+    throw_if_generation_ended("rendezvous store: waiting for " + key_list({r.keys().begin(), r.keys().end()}));
     if (Clock::now() >= give_up)
       throw RunError("rendezvous store: " + key_list({r.keys().begin(), r.keys().end()}) +
                      " not set at the coordinator " + client.address() + " within " + seconds(timeout) +

@@ -23,6 +23,7 @@
 #include "runtime/base/errors.h"
 #include "runtime/precision/machine.h"
 #include "runtime/comm/network.h"
+#include "runtime/run/generation.h"
 #include "runtime/loss/objective.h"
 #include "runtime/train/phase_timer.h"
 #include "runtime/run/run_folder.h"
@@ -149,6 +150,18 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   const GlooAddressChoice gloo = choose_gloo_addresses(
       {config.comm.interface, options.gloo_socket_ifname, place.store_host, place.store_port});
   decisions.record("gloo_address", gloo.value, gloo.reason);
+  if (place.store_port > 0) {
+    // A lost peer (a cut link, a frozen process) closes nothing: a rank in
+    // a collective with it would wait out comm.collective_timeout_s. When
+    // the coordinator ends the generation, the connections to the peers
+    // are shut down, so that the collective fails now and the rank unwinds.
+    auto peers = std::make_shared<PeerConnections>(place.store_host, place.store_port);
+    when_generation_ends([peers, rank] {
+      const int shut = peers->shut_down();
+      spdlog::warn("rank {}: the generation ended: shut down {} connection(s) to peers, so that a "
+                   "collective waiting on a lost one fails now (kept the coordinator's)", rank, shut);
+    });
+  }
 
   auto control = std::make_unique<ControlGroup>(
       place.store,

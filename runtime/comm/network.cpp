@@ -6,8 +6,11 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -25,6 +28,17 @@ std::string numeric(const sockaddr* address) {
     ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr, text,
                 sizeof text);
   return text;
+}
+
+// "address:port" of a socket address; an IPv4 address mapped into IPv6
+// reads as IPv4, so that both spellings of one endpoint compare equal.
+std::string endpoint(const sockaddr* address) {
+  if (address->sa_family == AF_INET)
+    return numeric(address) + ":" + std::to_string(ntohs(reinterpret_cast<const sockaddr_in*>(address)->sin_port));
+  const auto* v6 = reinterpret_cast<const sockaddr_in6*>(address);
+  std::string text = numeric(address);
+  if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr)) text = text.substr(text.rfind(':') + 1);
+  return text + ":" + std::to_string(ntohs(v6->sin6_port));
 }
 
 bool is_loopback_address(const std::string& address) {
@@ -177,6 +191,47 @@ GlooAddressChoice choose_gloo_addresses(const GlooAddressRequest& request) {
   choice.value = source;
   choice.reason = interface + "; the route to the store at " + store;
   return choice;
+}
+
+PeerConnections::PeerConnections(const std::string& coordinator_host, int coordinator_port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_family = AF_UNSPEC;
+  addrinfo* found = nullptr;
+  std::string host = coordinator_host;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (::getaddrinfo(host.c_str(), std::to_string(coordinator_port).c_str(), &hints, &found) == 0) {
+    for (addrinfo* a = found; a; a = a->ai_next) kept_.push_back(endpoint(a->ai_addr));
+    ::freeaddrinfo(found);
+  }
+}
+
+int PeerConnections::shut_down() const {
+  // Without the coordinator's address nothing can be told apart: shutting
+  // its connection too would end this process's heartbeat.
+  if (kept_.empty()) return 0;
+  DIR* fds = ::opendir("/proc/self/fd");
+  if (!fds) return 0;
+  int count = 0;
+  while (dirent* entry = ::readdir(fds)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == ::dirfd(fds)) continue;
+    int type = 0, listening = 0;
+    socklen_t length = sizeof type;
+    if (::getsockopt(int(fd), SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) continue;
+    length = sizeof listening;
+    if (::getsockopt(int(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &length) != 0 || listening) continue;
+    sockaddr_storage peer{};
+    length = sizeof peer;
+    if (::getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &length) != 0) continue;
+    if (peer.ss_family != AF_INET && peer.ss_family != AF_INET6) continue;
+    const std::string other = endpoint(reinterpret_cast<const sockaddr*>(&peer));
+    if (std::find(kept_.begin(), kept_.end(), other) != kept_.end()) continue;
+    if (::shutdown(int(fd), SHUT_RDWR) == 0) ++count;
+  }
+  ::closedir(fds);
+  return count;
 }
 
 }  // namespace lockstep

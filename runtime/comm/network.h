@@ -50,4 +50,25 @@ struct GlooAddressChoice {
 // while the store is elsewhere (naming the fix).
 GlooAddressChoice choose_gloo_addresses(const GlooAddressRequest& request);
 
+// The TCP connections this process holds to its peers (Gloo's pairs), that
+// is every connected stream socket except those to the coordinator. A peer
+// behind a cut link or frozen by SIGSTOP sends nothing, not even a FIN, so
+// a collective waiting on it waits out comm.collective_timeout_s; after
+// shut_down() every send or receive on those connections fails at once,
+// and the collective with it. For the end of a generation, when the
+// process groups are about to be dropped anyway.
+class PeerConnections {
+ public:
+  // `coordinator_host:coordinator_port`: the connection kept (resolved now,
+  // so that shutting down needs no name service).
+  PeerConnections(const std::string& coordinator_host, int coordinator_port);
+  // Shuts every other connected TCP socket down both ways; returns how many.
+  int shut_down() const;
+  // The kept endpoints, "address:port" each (for the log).
+  const std::vector<std::string>& kept() const { return kept_; }
+
+ private:
+  std::vector<std::string> kept_;
+};
+
 }  // namespace lockstep

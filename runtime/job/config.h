@@ -140,10 +140,21 @@ struct CheckpointSection {
   std::string resume; // a run folder to continue from its newest valid checkpoint (--resume)
 };
 
+// The elastic range: a job that loses ranks goes on with fewer (the
+// largest world size that divides the step's microbatches), from the step
+// where it stopped, on the bits of the run that lost nothing; a worker that
+// joins later brings it back up.
+struct ElasticSection {
+  int64_t min_ranks = 0;        // the fewest ranks the job goes on with; 0 = job.world_size (never fewer)
+  int64_t max_ranks = 0;        // 0 = job.world_size; set, it is the world size (--nproc must agree)
+  double replace_wait_s = 5.0;  // after a loss, how long a replacement may take before the job shrinks
+  int64_t max_host_losses = 3;  // a host lost this often is kept out of the job
+};
+
 struct FaultSection {
   double heartbeat_s = 1.0;           // worker -> coordinator heartbeat period
   double heartbeat_timeout_s = 10.0;  // silence after which either side gives up on the other
-  int64_t max_restarts = 0;           // lockstep run: new generations after a worker dies
+  int64_t max_restarts = 3;           // new generations after a worker is lost (0: the first loss fails the job)
   // Injected faults, to see the alarms work; "" = none. Items separated by ';':
   //   perturb:TENSOR:RANK:STEP:AMOUNT   add AMOUNT to element 0 of TENSOR on RANK after STEP
   //   double_scale:TENSOR:RANK:STEP     at STEP, a per-tensor gradient scale (x0.5) on every
@@ -212,6 +223,7 @@ struct JobConfig {
   AuditSection audit;
   CheckpointSection checkpoint;
   FaultSection fault;
+  ElasticSection elastic;
   TestSection test;
   PrecisionSection precision;
   std::string device = "auto";     // auto | cpu | gpu

@@ -120,11 +120,27 @@ void validate(const JobConfig& config) {
 
 void resolve_global_batch(JobConfig& config) {
   DataSection& data = config.data;
-  const int64_t world = config.job.world_size;
   // Printed by the ranks, once, with their own decisions.
   auto record = [&](const std::string& what, const std::string& value, const std::string& reason) {
     config.decisions.push_back(ConfigDecision{what, value, reason});
   };
+  // elastic.max_ranks is the world size: it sets one left at its default,
+  // and must agree with one set (the job file, --set, --nproc).
+  ElasticSection& elastic = config.elastic;
+  if (elastic.max_ranks > 0 && elastic.max_ranks != config.job.world_size) {
+    if (config.sources["job.world_size"] != "default")
+      throw InputError("elastic.max_ranks = " + std::to_string(elastic.max_ranks) + " but job.world_size = " +
+                       std::to_string(config.job.world_size) + " (from " + config.sources["job.world_size"] +
+                       "): the world size is the elastic range's maximum; make them agree, or leave one out");
+    config.job.world_size = elastic.max_ranks;
+    config.sources["job.world_size"] = "elastic.max_ranks";
+    record("job.world_size", std::to_string(elastic.max_ranks), "from elastic.max_ranks: the most ranks the job trains on");
+  }
+  const int64_t world = config.job.world_size;
+  if (elastic.min_ranks > world)
+    throw InputError("elastic.min_ranks = " + std::to_string(elastic.min_ranks) + " is above the world size " +
+                     std::to_string(world) + " (job.world_size, elastic.max_ranks or --nproc): the range is "
+                     "min_ranks..world size");
   // The command line (a user's --set, or a resume's stored settings) that
   // sets data.global_batch replaces the job file's per-rank keys, as
   // job.steps replaces job.epochs.
@@ -172,6 +188,21 @@ void resolve_global_batch(JobConfig& config) {
   data.batch_size = data.microbatch;
   config.train.accum_steps = k / world;
   describe_global_batch(config);
+  if (elastic.min_ranks > 0 && elastic.min_ranks < world) {
+    std::string sizes;
+    for (int64_t w = world; w >= elastic.min_ranks; --w)
+      if (k % w == 0) sizes += (sizes.empty() ? "" : ", ") + std::to_string(w);
+    if (sizes == std::to_string(world))
+      throw InputError("elastic.min_ranks = " + std::to_string(elastic.min_ranks) + ": no world size from " +
+                       std::to_string(elastic.min_ranks) + " to " + std::to_string(world - 1) + " divides the " +
+                       std::to_string(k) + " microbatches of a step, so the job could never go on with fewer; "
+                       "lower elastic.min_ranks or choose data.global_batch / data.microbatch with more divisors");
+    record("elastic", std::to_string(elastic.min_ranks) + ".." + std::to_string(world) + " ranks",
+           "after a loss with no replacement within elastic.replace_wait_s = " + format_number(elastic.replace_wait_s) +
+               " s the job goes on with the largest of " + sizes + " (the world sizes in the range that divide the " +
+               std::to_string(k) + " microbatches of a step) that the workers left fill, from the step it stopped "
+               "at, and grows back when workers join; the global batch and the bits stay those of the full run");
+  }
 }
 
 void describe_global_batch(JobConfig& config) {

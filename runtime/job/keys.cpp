@@ -26,7 +26,7 @@ void assign(std::string& field, const Value& v) { field = std::get<std::string>(
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> specs = {
       {"job.name", Kind::kString, LOCKSTEP_FIELD(job.name)},
-      {"job.world_size", Kind::kInt, LOCKSTEP_FIELD(job.world_size), 1, 4096},
+      {"job.world_size", Kind::kInt, LOCKSTEP_FIELD(job.world_size), 1, 65536},
       {"job.seed", Kind::kInt, LOCKSTEP_FIELD(job.seed), 0, 4.6e18},
       {"job.steps", Kind::kInt, LOCKSTEP_FIELD(job.steps), 0, 1e12},
       {"job.epochs", Kind::kFloat, LOCKSTEP_FIELD(job.epochs), 0, 1e6},
@@ -109,6 +109,10 @@ const std::vector<KeySpec>& schema() {
       {"fault.heartbeat_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_s), 0.001, 3600},
       {"fault.heartbeat_timeout_s", Kind::kFloat, LOCKSTEP_FIELD(fault.heartbeat_timeout_s), 0.001,
        86400},
+      {"elastic.min_ranks", Kind::kInt, LOCKSTEP_FIELD(elastic.min_ranks), 0, 65536},
+      {"elastic.max_ranks", Kind::kInt, LOCKSTEP_FIELD(elastic.max_ranks), 0, 65536},
+      {"elastic.replace_wait_s", Kind::kFloat, LOCKSTEP_FIELD(elastic.replace_wait_s), 0, 86400},
+      {"elastic.max_host_losses", Kind::kInt, LOCKSTEP_FIELD(elastic.max_host_losses), 1, 1000},
       {"device", Kind::kString, LOCKSTEP_FIELD(device), -kInf, kInf, false,
        {"auto", "cpu", "gpu"}},
       {"precision.dtype", Kind::kString, LOCKSTEP_FIELD(precision.dtype), -kInf, kInf, false,

@@ -29,3 +29,5 @@ echo "== does the result depend on the world size? identical or the distance, pe
 "$build/tests/bench/world_sizes" 50
 echo "== step time across namespace hosts and capped links (root)" >&2
 "$build/tests/bench/multihost_links" "$repetitions" 60 || echo "multihost_links: skipped or failed (it needs root)" >&2
+echo "== membership at scale: 1,000 to 10,000 simulated workers against a real coordinator" >&2
+"$build/tests/bench/coordinator_scale" 1000,4000,10000 60

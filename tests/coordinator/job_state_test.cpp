@@ -241,5 +241,64 @@ TEST(JobState, ReplacementForARunningSlotRestartsAtOnceAndBadInputNeverRestarts)
   EXPECT_NE(state.failure().find("bad input"), std::string::npos) << state.failure();
 }
 
+// Many workers on many hosts: every heartbeat lands on its own rank's row
+// (the rank index), and each host's workers are counted and placed.
+TEST(JobState, ManyWorkersJoinAndEachHeartbeatFindsItsOwnRank) {
+  constexpr int kWorkers = 600;
+  JobState state(options(kWorkers, 20000));
+  std::vector<std::future<std::pair<grpc::Status, v1::JoinReply>>> joins;
+  for (int i = 0; i < kWorkers; ++i) joins.push_back(join_async(state, request("host-" + std::to_string(i % 7), i / 7, 1000 + i)));
+  std::vector<v1::JoinReply> replies;
+  for (auto& j : joins) {
+    auto [status, reply] = j.get();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    replies.push_back(reply);
+  }
+  for (const auto& r : replies) {
+    v1::HeartbeatRequest beat;
+    beat.set_run_id("run-1");
+    beat.set_generation(1);
+    beat.set_rank(r.rank());
+    beat.set_step(10000 + r.rank());
+    v1::HeartbeatReply answer;
+    ASSERT_TRUE(state.heartbeat(beat, &answer).ok());
+    EXPECT_EQ(answer.command(), v1::HeartbeatReply::CONTINUE);
+  }
+  v1::StatusReply status;
+  state.status(&status);
+  ASSERT_EQ(status.ranks_size(), kWorkers);
+  for (const auto& row : status.ranks()) EXPECT_EQ(row.step(), 10000 + row.rank()) << row.host();
+  for (const auto& r : replies) EXPECT_EQ(r.local_world_size(), r.rank() < 600 % 7 * 86 ? 86 : 85);
+}
+
+// A process declared lost that comes back is refused, never merged: its
+// heartbeat is answered ABORT naming why, its Join is refused.
+TEST(JobState, ARankDeclaredLostThatComesBackIsRefused) {
+  auto o = options(2);
+  o.max_restarts = 2;
+  JobState state(o);
+  auto a = join_async(state, request("h", 0, 10));
+  auto b = join_async(state, request("h", 1, 11));
+  a.get();
+  b.get();
+  const auto start = Clock::now();
+  while (state.state() == JobState::State::kRunning && Clock::now() - start < std::chrono::seconds(3)) {
+    beat_from(state, 0, 1);  // rank 1 is frozen
+    state.check_liveness();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(state.state(), JobState::State::kWaiting);
+  EXPECT_EQ(beat_from(state, 0, 1).command(), v1::HeartbeatReply::REJOIN);  // the survivor
+  const v1::HeartbeatReply thawed = beat_from(state, 1, 1);
+  EXPECT_EQ(thawed.command(), v1::HeartbeatReply::ABORT);
+  EXPECT_NE(thawed.reason().find("declared lost"), std::string::npos) << thawed.reason();
+  auto back = request("h", 1, 11);
+  back.set_previous_generation(1);
+  v1::JoinReply reply;
+  const auto refused = state.join(back, "p", Clock::now() + std::chrono::seconds(1), &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_NE(refused.error_message().find("not merged"), std::string::npos) << refused.error_message();
+}
+
 }  // namespace
 }  // namespace lockstep

@@ -41,7 +41,7 @@ TEST(BadInput, WorldSizeZero) {
   std::ofstream(dir.path() + "/job.toml")
       << "[job]\nworld_size = 0\nsteps = 5\nrun_dir = \"" << dir.path() << "/runs\"\n"
       << "[data]\nname = \"synthetic\"\n";
-  expect_bad_input(dir, {"run", dir.path() + "/job.toml"}, "key 'job.world_size' must be an integer in [1, 4096], got 0");
+  expect_bad_input(dir, {"run", dir.path() + "/job.toml"}, "key 'job.world_size' must be an integer in [1, 65536], got 0");
 }
 
 TEST(BadInput, MissingDatasetPath) {

@@ -79,7 +79,7 @@ TEST(Checkpoints, ResumedRunEndsWithTheUninterruptedRunsDigest) {
     ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.output;
     const std::string expected = final_digest(single_run(whole.path() + "/runs"));
 
-    auto first = run_lockstep(resumable_job(broken, optimizer, {"test.fail_rank=1", "test.fail_step=6",
+    auto first = run_lockstep(resumable_job(broken, optimizer, {"fault.max_restarts=0", "test.fail_rank=1", "test.fail_step=6",
                                                                 "test.fail_kind=exit"}),
                               broken.path(), 150);
     ASSERT_NE(first.exit_code, 0) << first.output;
@@ -141,7 +141,7 @@ TEST(Checkpoints, ResumeTakesTheCheckpointsSettingsAndSaysWhenNothingIsLeft) {
 // A run that rank 0 leaves at step 9, with complete checkpoints at steps 4
 // and 8; its folder.
 std::string run_failing_at_step_9(const TempDir& dir) {
-  auto first = run_lockstep(resumable_job(dir, "sgd", {"test.fail_rank=0", "test.fail_step=9",
+  auto first = run_lockstep(resumable_job(dir, "sgd", {"fault.max_restarts=0", "test.fail_rank=0", "test.fail_step=9",
                                                        "test.fail_kind=exit", "checkpoint.keep=3"}),
                             dir.path(), 150);
   EXPECT_NE(first.exit_code, 0) << first.output;
@@ -216,7 +216,7 @@ TEST(Checkpoints, ResumeKeepsTheGradScalerState) {
   ASSERT_EQ(run_lockstep(resumable_job(whole, "sgd", scaled), whole.path(), 150).exit_code, 0);
   auto expected = read_json(single_run(whole.path() + "/runs") + "/manifest.json");
   std::vector<std::string> failing = scaled;
-  for (std::string s : {"test.fail_rank=1", "test.fail_step=6", "test.fail_kind=exit"}) failing.push_back(s);
+  for (std::string s : {"fault.max_restarts=0", "test.fail_rank=1", "test.fail_step=6", "test.fail_kind=exit"}) failing.push_back(s);
   ASSERT_NE(run_lockstep(resumable_job(broken, "sgd", failing), broken.path(), 150).exit_code, 0);
   const std::string run = single_run(broken.path() + "/runs");
   auto args = resumable_job(broken, "sgd", scaled);

@@ -25,7 +25,8 @@ bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 // A long job with a 3 s heartbeat timeout: the faults come in the middle.
 const std::vector<std::string> kLongJob = {"job.steps=100000", "fault.heartbeat_s=0.5",
                                            "fault.heartbeat_timeout_s=3",
-                                           "comm.collective_timeout_s=120"};
+                                           "comm.collective_timeout_s=120",
+                                           "fault.max_restarts=0"};
 
 void lose_a_worker(int signal_number) {
   TempDir dir;
@@ -126,7 +127,9 @@ TEST(CoordinatorFaults, AWorkerKilledWhileWaitingInJoinFreesItsPlace) {
 
 TEST(CoordinatorFaults, BadClientsAreRefusedAndTheJobGoesOn) {
   TempDir dir;
-  Cluster cluster(dir, {"job.steps=100000", "fault.heartbeat_s=0.5"});
+  // Without restarts a third worker is refused (with them, it would wait
+  // as a replacement for the next generation).
+  Cluster cluster(dir, {"job.steps=100000", "fault.heartbeat_s=0.5", "fault.max_restarts=0"});
   cluster.add_worker();
   cluster.add_worker();
   ASSERT_TRUE(cluster.wait_for_steps(5, 60)) << cluster.coordinator->output();

@@ -28,7 +28,7 @@ TEST(Failure, BarrierTimeoutNamesTheRankThatDidNotArrive) {
 TEST(Failure, ADeadRankStopsTheOthersAndIsNamed) {
   TempDir dir;
   auto result = run_lockstep(
-      synthetic_run(dir, 2, {"test.fail_rank=1", "test.fail_step=3", "comm.collective_timeout_s=60"}),
+      synthetic_run(dir, 2, {"fault.max_restarts=0", "test.fail_rank=1", "test.fail_step=3", "comm.collective_timeout_s=60"}),
       dir.path(), 60);
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_NE(result.output.find("lockstep run failed: rank 1 exited with status 3"),

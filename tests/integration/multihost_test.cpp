@@ -5,6 +5,8 @@
 // machines. Every test compares the final parameters with `lockstep run`
 // of the same job on this one host.
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -259,6 +261,90 @@ TEST_F(MultiHostTest, ACutWorkerIsReplacedFromTheCheckpointsOfASharedFolder) {
                                       << processes[1]->output() << "\n--- the spare:\n" << spare.output();
   EXPECT_NE(lost.wait(30), 0) << "the cut-off worker ends by itself: " << lost.output();
 
+  auto manifest = read_json(single_run(shared + "/runs") + "/manifest.json");
+  EXPECT_EQ(manifest["restart_count"], 1);
+  TempDir local;
+  EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 2, sets));
+}
+
+// The defaults only (comm.collective_timeout_s = 300, fault.heartbeat_timeout_s
+// = 10, comm.rendezvous_timeout_s = 120, no checkpoints): the survivor of a
+// cut link is in a collective that would wait 300 s for its peer; when the
+// coordinator ends the generation, it leaves it and rejoins, and a
+// replacement on another host completes the job at the same world size.
+TEST_F(MultiHostTest, ACutLinkWithTheDefaultsIsRecoveredByAReplacementAtTheSameWorldSize) {
+  hosts->add("coord");
+  hosts->add("w1");
+  hosts->add("w2");
+  hosts->add("spare");
+  const std::string shared = home("shared");  // a resume reads the run folder
+  auto sets = kJob;
+  sets.insert(sets.end(), {"job.steps=3000"});
+  auto& coordinator = start_coordinator("coord", sets, shared);
+  auto& survivor = start_worker("w1", 0, {}, shared);
+  auto& lost = start_worker("w2", 0, {}, shared);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  int64_t reached = -1;
+  while ((reached = least_step("coord")) < 60 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_GE(reached, 60) << coordinator.output();
+  ASSERT_LT(reached, 2500) << "the run nearly ended before the cut: make it longer";
+
+  const auto cut_at = std::chrono::steady_clock::now();
+  hosts->cut("w2");
+  ASSERT_TRUE(coordinator.wait_for_output("Decision: restart = generation 2", 10 + 3)) << coordinator.output();
+  ASSERT_TRUE(survivor.wait_for_output("joining the next generation", 5)) << survivor.output();
+  const double left = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
+  EXPECT_LE(left, 10.0 + 5.0) << "fault.heartbeat_timeout_s = 10: the survivor left its collective "
+                              << left << " s after the cut";
+  EXPECT_NE(survivor.output().find("shut down"), std::string::npos) << survivor.output();
+  auto& spare = start_worker("spare", 0, {}, shared);  // the cluster's supervisor, by hand
+  ASSERT_EQ(coordinator.wait(120), 0) << coordinator.output() << "\n--- the survivor (w1):\n"
+                                      << survivor.output() << "\n--- the spare:\n" << spare.output();
+  EXPECT_EQ(survivor.wait(30), 0) << survivor.output();
+  EXPECT_NE(lost.wait(30), 0) << "the cut-off worker ends by itself: " << lost.output();
+  std::printf("cut link with the defaults: the survivor left its collective %.1f s after the cut\n", left);
+
+  auto manifest = read_json(single_run(shared + "/runs") + "/manifest.json");
+  EXPECT_EQ(manifest["restart_count"], 1);
+  EXPECT_EQ(manifest["world_size"], 2);
+  TempDir local;
+  EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 2, sets));
+}
+
+// A rank frozen (SIGSTOP) beyond the heartbeat timeout is declared lost; the
+// survivor leaves its collective, a replacement joins. Thawed, the frozen
+// process is refused with a message, never merged into the new generation.
+TEST_F(MultiHostTest, AFrozenRankIsDeclaredLostAndRefusedWhenItThaws) {
+  hosts->add("coord");
+  hosts->add("w1");
+  hosts->add("w2");
+  hosts->add("spare");
+  const std::string shared = home("shared");
+  auto sets = kJob;
+  sets.insert(sets.end(), {"job.steps=3000", "fault.heartbeat_timeout_s=3", "checkpoint.every=100"});
+  auto& coordinator = start_coordinator("coord", sets, shared);
+  auto& survivor = start_worker("w1", 0, {}, shared);
+  auto& frozen = start_worker("w2", 0, {}, shared);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  int64_t reached = -1;
+  while ((reached = least_step("coord")) < 150 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_GE(reached, 150) << coordinator.output();
+  ASSERT_LT(reached, 2500) << "the run nearly ended before the freeze: make it longer";
+
+  const auto frozen_at = std::chrono::steady_clock::now();
+  frozen.signal(SIGSTOP);
+  ASSERT_TRUE(coordinator.wait_for_output("Decision: restart = generation 2", 3 + 3)) << coordinator.output();
+  ASSERT_TRUE(survivor.wait_for_output("joining the next generation", 5)) << survivor.output();
+  EXPECT_LE(std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen_at).count(), 3.0 + 5.0);
+  auto& spare = start_worker("spare", 0, {}, shared);
+  ASSERT_TRUE(coordinator.wait_for_output("generation 2 of run", 60)) << coordinator.output();
+  frozen.signal(SIGCONT);
+  EXPECT_EQ(frozen.wait(30), 1) << frozen.output();
+  EXPECT_NE(frozen.output().find("declared lost"), std::string::npos) << frozen.output();
+  ASSERT_EQ(coordinator.wait(120), 0) << coordinator.output() << "\n--- the survivor (w1):\n"
+                                      << survivor.output() << "\n--- the spare:\n" << spare.output();
   auto manifest = read_json(single_run(shared + "/runs") + "/manifest.json");
   EXPECT_EQ(manifest["restart_count"], 1);
   TempDir local;

@@ -128,7 +128,7 @@ TEST(Report, CleanDriftedAndRestartedRunsOpenWithoutErrorsAndShowWhatHappened) {
 TEST(Report, AFailedAndAKilledRunSayHowFarTheyGotAndWhy) {
   if (chromium_missing()) GTEST_SKIP() << "chromium is not installed (deploy/install-deps.sh installs it)";
   TempDir failed_dir, killed_dir;
-  auto failed = run_lockstep(synthetic_run(failed_dir, 2, {"job.steps=30", "job.log_every=2", "test.fail_rank=1",
+  auto failed = run_lockstep(synthetic_run(failed_dir, 2, {"job.steps=30", "job.log_every=2", "fault.max_restarts=0", "test.fail_rank=1",
                                                            "test.fail_step=12", "test.fail_kind=exit"}),
                              failed_dir.path(), 150);
   ASSERT_EQ(failed.exit_code, 1) << failed.output;

@@ -74,7 +74,7 @@ TEST_F(ConfigTest, WrongTypeNamesKeyAndAllowedValues) {
 
 TEST_F(ConfigTest, OutOfRangeAndBadChoicesAreErrors) {
   std::string e = error_of("[job]\nsteps = 1\nworld_size = 0\n");
-  EXPECT_NE(e.find("'job.world_size' must be an integer in [1, 4096], got 0"), std::string::npos) << e;
+  EXPECT_NE(e.find("'job.world_size' must be an integer in [1, 65536], got 0"), std::string::npos) << e;
   e = error_of("[job]\nsteps = 1\n", {"optim.name=lion"});
   EXPECT_NE(e.find("one of: sgd, adamw, adam, rmsprop"), std::string::npos) << e;
   e = error_of("[job]\nsteps = 1\n", {"optim.lr=0"});
