@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -81,9 +82,19 @@ grpc::Status join_when_reachable(CoordinatorClient& client, const ConnectionFlag
   const auto start = std::chrono::steady_clock::now();
   const auto limit = ms_of(connection.rendezvous_timeout_s);
   auto pause = milliseconds(100);
+  std::string standing_by;
   for (bool told = false;;) {
     grpc::Status joined = client.join(request, reply, std::chrono::minutes(30));
     if (joined.error_code() != grpc::StatusCode::UNAVAILABLE) return joined;
+    // An elastic job that runs on as many ranks as its microbatches allow
+    // keeps this worker as a standby: it asks again every second, for as
+    // long as the job runs, and is taken when it can grow.
+    if (joined.error_message().rfind("standby:", 0) == 0) {
+      if (joined.error_message() != standing_by)
+        spdlog::info("{}", standing_by = joined.error_message());
+      std::this_thread::sleep_for(milliseconds(1000));
+      continue;
+    }
     const auto waited = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start);
     if (waited >= limit)
       throw RunError("the coordinator at " + connection.coordinator + " could not be reached for " +
@@ -143,7 +154,8 @@ void send_run_files(CoordinatorClient& client, const v1::JoinReply& reply, const
 // --kill-on-bad-exit leaves its peers alone; the job's status, stopped, is
 // the coordinator's exit code).
 int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& connection,
-                           int64_t previous_generation, std::chrono::steady_clock::time_point start) {
+                           int64_t previous_generation, std::chrono::steady_clock::time_point start,
+                           std::optional<StateInMemory>& kept_state) {
   v1::JoinRequest request;
   request.set_api_version("lockstep.v1");
   request.set_hostname(host_name());
@@ -168,6 +180,23 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
   ::setenv("TORCHELASTIC_RESTART_COUNT", restart_count.c_str(), 1);
   ::setenv("LOCKSTEP_RESTART_COUNT", restart_count.c_str(), 1);
   JobConfig config = config_from_join(reply);
+  const bool elastic = config.elastic.min_ranks > 0 && config.elastic.min_ranks < config.job.world_size;
+  if (reply.world_size() != config.job.world_size) {
+    // An elastic job on fewer ranks than its maximum: the same global batch
+    // and microbatches, each rank computing more of them.
+    const int64_t k = config.data.global_batch / config.data.microbatch;
+    if (!elastic || reply.world_size() < 1 || k % reply.world_size() != 0)
+      throw RunError("the coordinator placed this worker in a world of " + std::to_string(reply.world_size()) +
+                     " ranks, which job.world_size = " + std::to_string(config.job.world_size) + " and " +
+                     std::to_string(k) + " microbatches a step do not allow");
+    config.decisions.push_back({"world_size", std::to_string(reply.world_size()),
+                                "elastic: generation " + std::to_string(reply.generation()) + " runs on " +
+                                    std::to_string(reply.world_size()) + " of at most " +
+                                    std::to_string(config.job.world_size) + " ranks; the " + std::to_string(k) +
+                                    " microbatches of a step are divided among them"});
+    config.job.world_size = reply.world_size();
+    config.train.accum_steps = k / reply.world_size();
+  }
   spdlog::info("joined run {} as rank {} of {} (generation {}{}) through {}", reply.run_id(),
                reply.rank(), reply.world_size(), reply.generation(),
                previous_generation > 0 ? ", the same process as in generation " +
@@ -191,6 +220,8 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
   options.observer = &heartbeat;
   options.restarted = reply.resume();
   options.generation = reply.generation();
+  options.elastic = elastic;
+  options.kept_state = &kept_state;
   read_host_settings(options);
 
   v1::ReportRequest report;
@@ -200,6 +231,11 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
   try {
     WorkerSummary summary = run_worker(config, rendezvous, ModelRegistry::with_builtins(), options);
     heartbeat.stop();
+    if (summary.metrics.value("regroup", false)) {
+      spdlog::info("rank {}: stopped after step {} for the regroup; joining the next generation with the "
+                   "state in memory", reply.rank(), summary.metrics.value("stopped_at_step", int64_t(0)));
+      return reply.generation();
+    }
     send_run_files(client, reply, config, milliseconds(30000));
     report.set_success(true);
     report.set_stopped_at_step(summary.metrics.value("stopped_at_step", int64_t(0)));
@@ -271,9 +307,11 @@ int worker_command(const std::string& job_file, const std::vector<std::string>& 
   // process was frozen through) must make a send fail with an error the
   // rank reports, not end the process with SIGPIPE before it says why.
   ::signal(SIGPIPE, SIG_IGN);
-  // Generation after generation while the coordinator restarts the job.
+  // Generation after generation while the coordinator restarts the job; an
+  // elastic job's state stays in this process from one to the next.
+  std::optional<StateInMemory> kept_state;
   for (int64_t previous = 0;;) {
-    previous = run_one_generation(client, connection, previous, start);
+    previous = run_one_generation(client, connection, previous, start, kept_state);
     if (previous == 0) return 0;
     start = std::chrono::steady_clock::now();
   }

@@ -39,7 +39,15 @@ double JobState::seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 JobState::JobState(JobStateOptions options)
-    : options_(std::move(options)), generation_(options_.generation), waiting_since_(created_) {}
+    : options_(std::move(options)), generation_(options_.generation), waiting_since_(created_),
+      world_size_(options_.world_size) {}
+
+int JobState::best_world_size(int workers) const {
+  const int least = elastic() ? options_.min_ranks : options_.world_size;
+  for (int w = std::min(workers, options_.world_size); w >= least && w >= 1; --w)
+    if (options_.microbatches <= 0 || options_.microbatches % w == 0) return w;
+  return 0;
+}
 
 bool JobState::from_ended_generation_locked(const std::string& run_id, int64_t generation) const {
   return run_id == options_.run_id && generation >= options_.generation && generation < generation_;
@@ -125,10 +133,12 @@ grpc::Status JobState::heartbeat(const v1::HeartbeatRequest& request, v1::Heartb
       reply->set_command(v1::HeartbeatReply::ABORT);
       reply->set_reason(failure_);
     } else {
-      reply->set_command(v1::HeartbeatReply::REJOIN);
-      reply->set_reason("generation " + std::to_string(request.generation()) + " ended (" +
-                        restarts_.back().value("reason", "") + "); join generation " +
-                        std::to_string(generation_));
+      // A regroup ends the generation after a step the ranks agree on; a
+      // loss, at once (the collective with the lost rank cannot finish).
+      const bool regroup = ended_by_regroup_ && request.generation() == generation_ - 1;
+      reply->set_command(regroup ? v1::HeartbeatReply::REGROUP : v1::HeartbeatReply::REJOIN);
+      reply->set_reason("generation " + std::to_string(request.generation()) + " ended (" + end_reason_ +
+                        "); join generation " + std::to_string(generation_));
     }
     return grpc::Status::OK;
   }

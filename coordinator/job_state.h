@@ -52,6 +52,15 @@ struct JobStateOptions {
   std::string audit_log;  // audit.jsonl: one line per audited step ("" = keep none)
   int64_t generation = 1;  // the one that starts when every worker has joined (restarts: 2, 3, ...)
   int max_restarts = 0;    // fault.max_restarts: lost workers the job survives
+  // The elastic range (elastic.*): with min_ranks below world_size (the
+  // maximum) a loss that no replacement makes good within replace_wait
+  // lets the job go on with the largest world size the workers there fill
+  // that divides `microbatches` (k of a step), and workers that join later
+  // make it grow again. Losses are then bounded per host, not in total.
+  int min_ranks = 0;                               // 0: world_size (not elastic)
+  std::chrono::milliseconds replace_wait{5000};
+  int64_t microbatches = 0;                        // 0: any world size divides the work
+  int max_host_losses = 3;                         // a host lost this often is kept out
   // Called (under the job's lock: keep it short) with the pid of a rank the
   // liveness check declared dead; `lockstep run` kills its child there.
   std::function<void(int pid)> on_rank_declared_dead;
@@ -114,7 +123,7 @@ class JobState {
   State state() const;
   std::string failure() const;
   const std::string& run_id() const { return options_.run_id; }
-  int world_size() const { return options_.world_size; }
+  int world_size() const { return options_.world_size; }  // the most ranks (the elastic maximum)
   // The coordinator's view for manifest.json.
   nlohmann::json to_json() const;
 
@@ -157,6 +166,24 @@ class JobState {
   void declare_lost_locked(Worker& w, const std::string& why);
   void assign_ranks_locked();
   void fail_locked(const std::string& reason);
+  bool elastic() const { return options_.min_ranks > 0 && options_.min_ranks < options_.world_size; }
+  // The largest world size in the elastic range that `workers` fill and
+  // that divides the step's microbatches; 0 when none.
+  int best_world_size(int workers) const;
+  // Starts the forming generation when it is full, or (elastic) when the
+  // wait for replacements is over and the workers there fill a world size.
+  void maybe_start_locked(Clock::time_point now);
+  void start_generation_locked(int world, const std::string& why);
+  // An elastic job grows: the running generation ends after a step every
+  // rank agrees on (REGROUP), and the next forms with `world` ranks.
+  void regroup_locked(const std::string& reason, int world);
+  // A worker joins a running elastic job: OK when it makes the job grow
+  // (the generation ends in a regroup, the worker joins the next one),
+  // else UNAVAILABLE "standby: ...", saying how many more it takes.
+  grpc::Status stand_by_or_grow_locked(const v1::JoinRequest& request);
+  // The generation ends (a loss or a regroup): its live processes are
+  // awaited back, its workers' ends are expected, the next one forms.
+  void end_generation_locked(const std::string& reason, bool regroup);
   // A worker is lost: a new generation while fault.max_restarts allows,
   // else the job fails with `reason`.
   void restart_or_fail_locked(const std::string& reason, int dead_rank);
@@ -189,6 +216,18 @@ class JobState {
   std::map<std::pair<std::string, int>, int> slots_;  // guarded by mutex_; (host, local rank) joined
   std::set<int> claimed_ranks_;         // guarded by mutex_; ranks claimed by workers_ (RANK)
   int waiting_joins_ = 0;               // guarded by mutex_; Join calls held for the rendezvous
+  // Elastic membership, all guarded by mutex_:
+  int world_size_ = 0;                  // the forming (or running) generation's world size
+  int running_world_size_ = 0;          // the last generation that ran (0: none yet)
+  Clock::time_point ended_at_{};        // the last generation's end (a loss or a regroup)
+  std::string end_reason_;              // ... and why
+  bool ended_by_regroup_ = false;       // ... a regroup (REGROUP to its ranks) rather than a loss (REJOIN)
+  int64_t step_at_end_ = 0;             // the furthest step its ranks had reported
+  std::set<std::pair<std::string, int>> awaited_;  // its live processes (host, pid), until they rejoin
+  std::map<std::string, int> host_losses_;         // ranks lost per host
+  std::map<std::pair<std::string, int>, Clock::time_point> standbys_;  // told to stand by; last asked
+  std::set<int> standby_orders_;        // join orders left out of a starting generation
+  nlohmann::json membership_ = nlohmann::json::array();  // every generation after the first
   std::string failure_;                 // guarded by mutex_
   // The job's failure came from a rank that only lost its peer: a later
   // report of a rank's own error replaces it as the root cause.

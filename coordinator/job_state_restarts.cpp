@@ -13,7 +13,9 @@ namespace lockstep {
 
 void JobState::restart_or_fail_locked(const std::string& reason, int dead_rank) {
   if (ended_locked()) return;
-  if (int(restarts_.size()) >= options_.max_restarts) {
+  // An elastic job's losses are bounded per host (elastic.max_host_losses,
+  // at join), not in total.
+  if (!elastic() && int(restarts_.size()) >= options_.max_restarts) {
     fail_locked(options_.max_restarts == 0
                     ? reason
                     : reason + "; the restart budget is spent (fault.max_restarts = " +
@@ -22,17 +24,12 @@ void JobState::restart_or_fail_locked(const std::string& reason, int dead_rank) 
   }
   int64_t last_step = 0;
   for (const auto& w : workers_) last_step = std::max(last_step, w.step);
+  for (const auto& w : workers_)
+    if (w.rank == dead_rank && state_ == State::kRunning && ++host_losses_[w.host] == options_.max_host_losses)
+      spdlog::warn("Decision: keep_out = {} (lost {} times: elastic.max_host_losses = {}; its workers' "
+                   "joins are refused from now on)", w.host, host_losses_[w.host], options_.max_host_losses);
   const bool was_running = state_ == State::kRunning;
-  if (was_running) {  // the generation ends; its processes may come back
-    earlier_generations_.push_back({{"generation", generation_}, {"workers", workers_json_locked()}});
-    // Their ends are expected now: each gets a replacement, none counts as
-    // another failure (the dead one's included: declared dead by silence,
-    // its process may end only later).
-    for (const auto& w : workers_) earlier_pids_.insert(w.pid);
-    clear_workers_locked();
-    ++generation_;
-    state_ = State::kWaiting;
-  }
+  if (was_running) end_generation_locked(reason, /*regroup=*/false);  // its processes may come back
   waiting_since_ = Clock::now();
   restarts_.push_back(
       {{"generation", generation_},
@@ -44,11 +41,54 @@ void JobState::restart_or_fail_locked(const std::string& reason, int dead_rank) 
        {"last_step_reported", last_step},
        {"during", was_running ? "training" : "the rendezvous"}});
   const int left = options_.max_restarts - int(restarts_.size());
-  spdlog::warn("Decision: restart = generation {} ({}; fault.max_restarts = {}, {} left after this "
-               "one; live ranks rejoin from their processes, lost ones are replaced, and every rank "
-               "continues from the newest complete checkpoint)",
-               generation_, reason, options_.max_restarts, left);
+  if (elastic())
+    spdlog::warn("Decision: restart = generation {} ({}; elastic {}..{} ranks: live ranks rejoin from their "
+                 "processes with the state in memory; a replacement may join within elastic.replace_wait_s = "
+                 "{:g} s, else the job goes on with the largest world size the workers there fill)",
+                 generation_, reason, options_.min_ranks, options_.world_size,
+                 options_.replace_wait.count() / 1000.0);
+  else
+    spdlog::warn("Decision: restart = generation {} ({}; fault.max_restarts = {}, {} left after this "
+                 "one; live ranks rejoin from their processes, lost ones are replaced, and every rank "
+                 "continues from the newest complete checkpoint)",
+                 generation_, reason, options_.max_restarts, left);
   changed_.notify_all();
+}
+
+void JobState::end_generation_locked(const std::string& reason, bool regroup) {
+  earlier_generations_.push_back({{"generation", generation_}, {"workers", workers_json_locked()}});
+  step_at_end_ = 0;
+  awaited_.clear();
+  // Awaited back: the processes still heard from. One silent for half the
+  // heartbeat timeout is lost with the one declared dead (a host's other
+  // ranks behind the same cut link), and the job does not wait for it.
+  const auto now = Clock::now();
+  const auto heard = std::min<Clock::duration>(options_.heartbeat_timeout / 2, options_.heartbeat_period * 5);
+  for (const auto& w : workers_) {
+    step_at_end_ = std::max(step_at_end_, w.step);
+    // Their ends are expected now: each gets a replacement, none counts as
+    // another failure (the dead one's included: declared dead by silence,
+    // its process may end only later).
+    earlier_pids_.insert(w.pid);
+    if (w.state == "running" && now - w.last_heartbeat <= heard) awaited_.insert({w.host, w.pid});
+  }
+  clear_workers_locked();
+  ++generation_;
+  state_ = State::kWaiting;
+  ended_at_ = Clock::now();
+  end_reason_ = reason;
+  ended_by_regroup_ = regroup;
+  world_size_ = options_.world_size;  // a loss: replacements may fill it again
+  changed_.notify_all();
+}
+
+void JobState::regroup_locked(const std::string& reason, int world) {
+  end_generation_locked(reason, /*regroup=*/true);
+  world_size_ = world;
+  waiting_since_ = Clock::now();
+  spdlog::warn("Decision: regroup = generation {} on {} ranks ({}; every rank stops after a step they agree "
+               "on, keeps its state in memory and rejoins; the new ones get the state from a live peer)",
+               generation_, world, reason);
 }
 
 void JobState::declare_lost_locked(Worker& w, const std::string& why) {
@@ -66,7 +106,12 @@ bool JobState::process_ended(int pid, const std::string& what, bool bad_input) {
   if (w == workers_.end()) {
     // A process of a restarted generation that could not rejoin: replace it,
     // that restart is counted already.
-    if (earlier_pids_.erase(pid)) return true;
+    if (earlier_pids_.erase(pid)) {
+      for (auto a = awaited_.begin(); a != awaited_.end();)  // it will not rejoin
+        a = a->second == pid ? awaited_.erase(a) : std::next(a);
+      maybe_start_locked(Clock::now());
+      return true;
+    }
     reason = "a worker process (pid " + std::to_string(pid) + ") " + what + " before it joined";
   } else {
     if (w->state == "finished") return false;
@@ -92,6 +137,10 @@ void JobState::check_liveness() {
     fail_locked("rendezvous timed out after " +
                 std::to_string(options_.rendezvous_timeout.count() / 1000.0).substr(0, 5) +
                 " s: " + who_joined_locked());
+    return;
+  }
+  if (state_ == State::kWaiting) {
+    maybe_start_locked(now);  // an elastic job's wait for replacements may be over
     return;
   }
   if (state_ != State::kRunning && state_ != State::kFailed) return;

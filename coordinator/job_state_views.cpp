@@ -65,7 +65,15 @@ nlohmann::json JobState::workers_json_locked() const {
 nlohmann::json JobState::to_json() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return {{"state", state_name(state_)}, {"failure", failure_}, {"generation", generation_},
-          {"world_size", options_.world_size}, {"workers", workers_json_locked()},
+          {"world_size", running_world_size_ > 0 ? running_world_size_ : world_size_},
+          {"world_size_max", options_.world_size},
+          {"elastic", elastic() ? nlohmann::json{{"min_ranks", options_.min_ranks},
+                                                 {"max_ranks", options_.world_size},
+                                                 {"replace_wait_s", options_.replace_wait.count() / 1000.0},
+                                                 {"max_host_losses", options_.max_host_losses}}
+                                : nlohmann::json(nullptr)},
+          {"membership", membership_}, {"host_losses", host_losses_},
+          {"workers", workers_json_locked()},
           {"restarts", restarts_}, {"max_restarts", options_.max_restarts},
           {"earlier_generations", earlier_generations_}, {"stop_reason", stop_reason_},
           {"stopped_at_step", stopped_at_step_}, {"first_drift_step", first_drift_step_},
@@ -78,7 +86,7 @@ void JobState::status(v1::StatusReply* reply) const {
   reply->set_run_id(options_.run_id);
   reply->set_state(state_ == State::kCompleted && first_drift_step_ >= 0 ? "completed_with_drift"
                                                                        : state_name(state_));
-  reply->set_world_size(options_.world_size);
+  reply->set_world_size(world_size_);
   reply->set_generation(generation_);
   reply->set_failure(failure_);
   reply->set_joined(int(workers_.size()));

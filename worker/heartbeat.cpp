@@ -144,6 +144,12 @@ void HeartbeatLoop::run() {
                 "ending this process so that a replacement can join");
         }
       }
+      if (reply.command() == v1::HeartbeatReply::REGROUP && !regroup_requested_) {
+        spdlog::warn("rank {}: the coordinator regroups the job: {}; stopping after a step every rank "
+                     "agrees on, keeping the state in memory", options_.rank, reply.reason());
+        regroup_requested_ = true;
+        stop_requested_ = true;
+      }
       if (reply.command() == v1::HeartbeatReply::STOP && !stop_requested_) {
         spdlog::warn("rank {}: the coordinator asks to stop: {}", options_.rank, reply.reason());
         stop_requested_ = true;

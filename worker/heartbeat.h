@@ -54,6 +54,7 @@ class HeartbeatLoop : public RunObserver {
   void on_skipped_files(int64_t before_training, int64_t in_batches) override;
   void on_skipped_steps(int64_t total) override;
   bool stop_requested() override;
+  bool regroup_requested() override { return regroup_requested_; }
 
   // Stops sending (before the final Report).
   void stop();
@@ -76,6 +77,7 @@ class HeartbeatLoop : public RunObserver {
   std::vector<std::string> unsent_audits_;  // guarded by mutex_
   bool eval_unsent_ = false;                // guarded by mutex_
   std::atomic<bool> stop_requested_{false};
+  std::atomic<bool> regroup_requested_{false};
   std::thread thread_;
 };
 

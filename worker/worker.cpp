@@ -91,6 +91,68 @@ void check_folder_shared(ControlGroup& control, const RunFolder& folder, int ran
                      "set checkpoint.every = 0");
 }
 
+// An elastic generation's start: the state the survivors hold in memory,
+// after the furthest step any of them finished (a rank that finished one
+// more step than the others holds exactly what they would have: every rank
+// computes the same bits), the same on every rank that holds that step
+// (checked: the checksum), sent from the lowest such rank to every other
+// rank over the control group's Gloo (the data plane, never gRPC) and
+// checked again on arrival. Empty when no rank holds one, or when ranks
+// holding the same step disagree (then the newest checkpoint is read, and
+// a decision says why).
+std::optional<StateInMemory> agree_on_kept_state(ControlGroup& control, std::optional<StateInMemory>& kept,
+                                                 int rank, DecisionLog& decisions, EventWriter& events) {
+  const auto started = std::chrono::steady_clock::now();
+  const std::string bytes = kept ? kept->to_bytes() : std::string();
+  const std::string mine = kept ? std::to_string(kept->step) + " " + checksum_hex(bytes) : "";
+  kept.reset();  // this generation keeps its own, if it ends under it
+  const auto held = control.exchange("kept-state", mine);
+  auto step_of = [](const std::string& entry) { return std::stoll(entry.substr(0, entry.find(' '))); };
+  int source = -1;
+  for (size_t r = 0; r < held.size(); ++r)
+    if (!held[r].empty() && (source < 0 || step_of(held[r]) > step_of(held[size_t(source)]))) source = int(r);
+  if (source < 0) return std::nullopt;
+  std::string holders, receivers, differ;
+  for (size_t r = 0; r < held.size(); ++r) {
+    const bool same_step = !held[r].empty() && step_of(held[r]) == step_of(held[size_t(source)]);
+    std::string& list = same_step ? holders : receivers;
+    list += (list.empty() ? "" : ", ") + std::to_string(r);
+    if (same_step && held[r] != held[size_t(source)]) differ += (differ.empty() ? "" : "; ") + std::to_string(r);
+  }
+  if (!differ.empty()) {
+    decisions.record("resume_from", "the newest checkpoint",
+                     "ranks hold the state of step " + std::to_string(step_of(held[size_t(source)])) +
+                         " in memory with different checksums (rank " + std::to_string(source) + " against " +
+                         differ + "): they are apart, and no state in memory is trusted",
+                     /*warn=*/true);
+    return std::nullopt;
+  }
+  const std::string expected = held[size_t(source)];
+  const int64_t size = int64_t(rank == source ? bytes.size() : 0);
+  at::Tensor length = torch::tensor({size}, torch::kLong);
+  control.collectives().broadcast(length, source);
+  at::Tensor payload = rank == source ? torch::from_blob(const_cast<char*>(bytes.data()), {int64_t(bytes.size())},
+                                                         torch::kUInt8).clone()
+                                      : torch::empty({length.item<int64_t>()}, torch::kUInt8);
+  control.collectives().broadcast(payload, source);
+  const std::string received(reinterpret_cast<const char*>(payload.data_ptr<uint8_t>()), size_t(payload.numel()));
+  StateInMemory state = StateInMemory::from_bytes(received);
+  if (std::to_string(state.step) + " " + checksum_hex(received) != expected)
+    throw RunError("the state rank " + std::to_string(source) + " sent (step " + std::to_string(state.step) +
+                   ") does not match its checksum on rank " + std::to_string(rank) + ": the transfer corrupted it");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  decisions.record("resume_from", "memory, step " + std::to_string(state.step),
+                   "an elastic generation: rank(s) " + holders + " held the state after step " +
+                       std::to_string(state.step) + " in memory (the same checksum on each); rank " +
+                       std::to_string(source) + " sent it (" + fmt::format("{:.1f}", double(received.size()) / 1e6) +
+                       " MB, " + fmt::format("{:.2f}", seconds) + " s) to every rank over the control group" +
+                       (receivers.empty() ? "" : ", for rank(s) " + receivers + " that held none or an older one") +
+                       "; no checkpoint read");
+  events.write({{"event", "state_transfer"}, {"step", state.step}, {"source_rank", source},
+                {"bytes", received.size()}, {"seconds", seconds}, {"receivers", receivers}});
+  return state;
+}
+
 // Everything rank 0 writes into manifest.json; filled in as the run goes.
 struct Manifest {
   nlohmann::json body;
@@ -249,7 +311,9 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     spdlog::info("run folder: {}", folder.path());
   }
   control->barrier("run-folder");
-  if (config.checkpoint.every > 0 || !config.checkpoint.resume.empty() || options.restarted)
+  // An elastic job's new generation reads no checkpoint when its survivors
+  // hold the state: its hosts need not share a folder for that.
+  if (config.checkpoint.every > 0 || !config.checkpoint.resume.empty() || (options.restarted && !options.elastic))
     check_folder_shared(*control, folder, rank, hosts, config);
   EventWriter events(folder.file("events-rank" + std::to_string(rank) + ".jsonl"));
   // Each rank its own folder, so TensorBoard overlays the ranks; a restarted
@@ -337,8 +401,11 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                            "at the first and last step"
                          : "audit.every = 0: ranks that drift apart will go unnoticed",
                      config.audit.every == 0);
+    std::optional<StateInMemory> from_memory;
+    if (options.restarted && options.elastic && options.kept_state)
+      from_memory = agree_on_kept_state(*control, *options.kept_state, rank, decisions, events);
     std::optional<FoundCheckpoint> resume;
-    if (!config.checkpoint.resume.empty() || options.restarted)
+    if (!from_memory && (!config.checkpoint.resume.empty() || options.restarted))
       resume = choose_checkpoint_to_resume(
           config, config.checkpoint.resume.empty() ? folder.path() : config.checkpoint.resume,
           options.restarted && config.checkpoint.resume.empty(), world, *control, decisions);
@@ -351,9 +418,17 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                                                options.terminal && rank == 0, options.observer,
                                                config.audit.every > 0 ? &auditor : nullptr,
                                                control.get(), folder.file("checkpoints"),
-                                               resume ? &*resume : nullptr, &steps_done,
+                                               resume ? &*resume : nullptr,
+                                               from_memory ? &*from_memory : nullptr,
+                                               options.elastic ? options.kept_state : nullptr, &steps_done,
                                                machine.precision,
                                                eval_precision.empty() ? machine.precision : eval_precision});
+    if (result.stopped_at_step > 0 && options.observer && options.observer->regroup_requested()) {
+      // An elastic job grows: every rank stopped after the same step and
+      // keeps its state; the next generation goes on from there.
+      events.write({{"event", "generation_end"}, {"step", result.stopped_at_step}, {"reason", "regroup"}});
+      return WorkerSummary{{{"regroup", true}, {"stopped_at_step", result.stopped_at_step}}, decisions.to_json()};
+    }
     if (options.observer) options.observer->on_phase("done");
 
     const bool stopped = result.stopped_at_step > 0;  // on request, to be resumed

@@ -3,9 +3,11 @@
 // input, joins through a Rendezvous, builds the data and control groups,
 // seeds and checks, trains, evaluates, and (rank 0) writes the run folder.
 #include <chrono>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/job/config.h"
 #include "runtime/precision/machine.h"
 #include "runtime/model/models.h"
@@ -23,6 +25,13 @@ struct WorkerOptions {
   // newest complete checkpoint of the run folder (step 0 if there is none).
   bool restarted = false;
   int64_t generation = 1;  // for the manifest and the events
+  // An elastic job (elastic.min_ranks below the world size): a new
+  // generation continues from the state its survivors hold in memory, sent
+  // to the ranks that hold none, rather than from a checkpoint.
+  bool elastic = false;
+  // May be null. The state this process kept from its last generation (in),
+  // and the one it keeps when this generation ends under it (out).
+  std::optional<StateInMemory>* kept_state = nullptr;
   // This host's own settings, read from its environment by the command front.
   CpuBudget cpu;                   // what this process may use of the CPUs
   std::string gloo_socket_ifname;  // GLOO_SOCKET_IFNAME ("" = unset)

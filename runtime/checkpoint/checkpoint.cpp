@@ -44,6 +44,40 @@ std::string archive_bytes(torch::serialize::OutputArchive& archive) {
   return bytes;
 }
 
+// Parameters and buffers, on the host whatever the device: the state
+// resumes on a CPU or a GPU.
+std::string model_bytes(Model& model) {
+  torch::serialize::OutputArchive tensors;
+  for (const auto& [name, tensor] : model.parameters()) tensors.write(name, tensor.to(at::kCPU));
+  for (const auto& [name, tensor] : model.buffers()) tensors.write(name, tensor.to(at::kCPU), true);
+  return archive_bytes(tensors);
+}
+
+void load_model_bytes(const std::string& bytes, Model& model, const std::string& where) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(bytes.data(), bytes.size(), c10::Device(c10::kCPU));
+  torch::NoGradGuard no_grad;
+  auto load = [&](const std::string& name, at::Tensor target, bool buffer) {
+    at::Tensor saved;
+    if (!archive.try_read(name, saved, buffer))
+      throw RunError(where + ": model.pt has no tensor " + name);
+    if (!saved.sizes().equals(target.sizes()))
+      throw RunError(where + ": " + name + " has shape " + c10::str(saved.sizes()) +
+                     ", this model " + c10::str(target.sizes()));
+    target.copy_(saved);  // onto the model's device
+  };
+  for (const auto& [name, tensor] : model.parameters()) load(name, tensor, false);
+  for (const auto& [name, tensor] : model.buffers()) load(name, tensor, true);
+}
+
+void check_loaded_digest(Model& model, const nlohmann::json& meta, const std::string& where, int rank) {
+  const std::string digest = combined_hex(model_digests(model, true));
+  if (digest != meta.value("param_digest", ""))
+    throw RunError(where + ": the parameters loaded on rank " + std::to_string(rank) +
+                   " have digest " + digest + ", the checkpoint recorded " +
+                   meta.value("param_digest", std::string("none")));
+}
+
 }  // namespace
 
 void write_checkpoint(const CheckpointStore& store, int64_t step, nlohmann::json meta, Model& model,
@@ -55,11 +89,7 @@ void write_checkpoint(const CheckpointStore& store, int64_t step, nlohmann::json
   if (model.device().is_cuda())
     store.write_file(step, "rng-cuda-rank" + std::to_string(rank) + ".bin", generator_state(model.device()));
   if (rank == 0) {
-    // On the host whatever the device: a checkpoint resumes on a CPU or a GPU.
-    torch::serialize::OutputArchive tensors;
-    for (const auto& [name, tensor] : model.parameters()) tensors.write(name, tensor.to(at::kCPU));
-    for (const auto& [name, tensor] : model.buffers()) tensors.write(name, tensor.to(at::kCPU), true);
-    store.write_file(step, "model.pt", archive_bytes(tensors));
+    store.write_file(step, "model.pt", model_bytes(model));
     const std::vector<uint8_t> state = optimizer.save_to_bytes();
     store.write_file(step, "optimizer.bin", std::string(state.begin(), state.end()));
   }
@@ -152,23 +182,7 @@ std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& conf
 void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found, Model& model,
                      optim::Optimizer& optimizer, int rank) {
   const std::string where = "checkpoint at step " + std::to_string(found.step) + " (" + found.folder + ")";
-  {
-    const std::string bytes = store.read_file(found, "model.pt");
-    torch::serialize::InputArchive archive;
-    archive.load_from(bytes.data(), bytes.size(), c10::Device(c10::kCPU));
-    torch::NoGradGuard no_grad;
-    auto load = [&](const std::string& name, at::Tensor target, bool buffer) {
-      at::Tensor saved;
-      if (!archive.try_read(name, saved, buffer))
-        throw RunError(where + ": model.pt has no tensor " + name);
-      if (!saved.sizes().equals(target.sizes()))
-        throw RunError(where + ": " + name + " has shape " + c10::str(saved.sizes()) +
-                       ", this model " + c10::str(target.sizes()));
-      target.copy_(saved);  // onto the model's device
-    };
-    for (const auto& [name, tensor] : model.parameters()) load(name, tensor, false);
-    for (const auto& [name, tensor] : model.buffers()) load(name, tensor, true);
-  }
+  load_model_bytes(store.read_file(found, "model.pt"), model, where);
   {
     const std::string bytes = store.read_file(found, "optimizer.bin");
     optimizer.load_from_bytes(std::vector<uint8_t>(bytes.begin(), bytes.end()));
@@ -183,11 +197,80 @@ void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found,
   if (had_this_rank && model.device().is_cuda() &&
       found.meta.value("device", std::string("cpu")).rfind("cuda", 0) == 0)
     set_generator_state(model.device(), store.read_file(found, "rng-cuda-rank" + std::to_string(rank) + ".bin"));
-  const std::string digest = combined_hex(model_digests(model, true));
-  if (digest != found.meta.value("param_digest", ""))
-    throw RunError(where + ": the parameters loaded on rank " + std::to_string(rank) +
-                   " have digest " + digest + ", the checkpoint recorded " +
-                   found.meta.value("param_digest", std::string("none")));
+  check_loaded_digest(model, found.meta, where, rank);
+}
+
+StateInMemory capture_state(int64_t step, nlohmann::json meta, Model& model, const optim::Optimizer& optimizer) {
+  StateInMemory state;
+  state.step = step;
+  meta["step"] = step;
+  meta["param_digest"] = combined_hex(model_digests(model, true));
+  meta["ranks"] = 0;  // no rank's generator: every microbatch reseeds
+  state.meta = std::move(meta);
+  state.model = model_bytes(model);
+  const std::vector<uint8_t> bytes = optimizer.save_to_bytes();
+  state.optimizer.assign(bytes.begin(), bytes.end());
+  return state;
+}
+
+void load_state(const StateInMemory& state, Model& model, optim::Optimizer& optimizer, int rank) {
+  const std::string where = "the state of step " + std::to_string(state.step) + " held in memory";
+  load_model_bytes(state.model, model, where);
+  optimizer.load_from_bytes(std::vector<uint8_t>(state.optimizer.begin(), state.optimizer.end()));
+  check_loaded_digest(model, state.meta, where, rank);
+}
+
+namespace {
+
+// Lengths travel as 8 little-endian bytes.
+void put_length(std::string& out, uint64_t n) {
+  for (int i = 0; i < 8; ++i) out.push_back(char((n >> (8 * i)) & 0xff));
+}
+
+uint64_t take_length(const std::string& in, size_t& at) {
+  if (in.size() - at < 8) throw RunError("a state held in memory is cut short (" + std::to_string(in.size()) + " bytes)");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(in[at + size_t(i)])) << (8 * i);
+  at += 8;
+  return n;
+}
+
+std::string take_part(const std::string& in, size_t& at, const char* what) {
+  const uint64_t n = take_length(in, at);
+  if (n > in.size() - at)
+    throw RunError(std::string("a state held in memory says its ") + what + " has " + std::to_string(n) +
+                   " bytes, but " + std::to_string(in.size() - at) + " are left");
+  std::string part = in.substr(at, size_t(n));
+  at += size_t(n);
+  return part;
+}
+
+}  // namespace
+
+std::string StateInMemory::to_bytes() const {
+  std::string out = "lockstep-state-1";
+  const std::string header = meta.dump();
+  for (const std::string* part : {&header, &model, &optimizer}) {
+    put_length(out, part->size());
+    out += *part;
+  }
+  return out;
+}
+
+StateInMemory StateInMemory::from_bytes(const std::string& bytes) {
+  const std::string magic = "lockstep-state-1";
+  if (bytes.compare(0, magic.size(), magic) != 0) throw RunError("not a state held in memory (no lockstep-state-1 header)");
+  size_t at = magic.size();
+  StateInMemory state;
+  const std::string header = take_part(bytes, at, "meta");
+  state.meta = nlohmann::json::parse(header, nullptr, false);
+  if (!state.meta.is_object() || !state.meta.contains("step") || !state.meta["step"].is_number_integer())
+    throw RunError("a state held in memory has no readable meta (an object with an integer step)");
+  state.step = state.meta["step"].get<int64_t>();
+  state.model = take_part(bytes, at, "model");
+  state.optimizer = take_part(bytes, at, "optimizer state");
+  if (at != bytes.size()) throw RunError("a state held in memory has " + std::to_string(bytes.size() - at) + " bytes too many");
+  return state;
 }
 
 }  // namespace lockstep

@@ -43,4 +43,26 @@ std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& conf
 void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found, Model& model,
                      optim::Optimizer& optimizer, int rank);
 
+// A rank's training state at a step boundary, held in memory while an
+// elastic job changes its world size: what a checkpoint holds (parameters
+// and buffers, optimizer state, the index's meta with the parameter
+// digest), so that the job goes on from the step it stopped at without
+// reading one. Every microbatch reseeds its random streams, so no rank's
+// generator is needed.
+struct StateInMemory {
+  int64_t step = 0;
+  nlohmann::json meta;              // as a checkpoint's index: step, param_digest, ...
+  std::string model, optimizer;     // model.pt and optimizer.bin, as a checkpoint writes them
+  // One byte string, to travel to a rank that has none (over c10d, never
+  // gRPC), and back: from_bytes checks every length against what it was
+  // given and throws RunError on anything else.
+  std::string to_bytes() const;
+  static StateInMemory from_bytes(const std::string& bytes);
+};
+
+// The state after step `step` (meta as for write_checkpoint).
+StateInMemory capture_state(int64_t step, nlohmann::json meta, Model& model, const optim::Optimizer& optimizer);
+// Loads it and checks the parameter digest, like load_checkpoint.
+void load_state(const StateInMemory& state, Model& model, optim::Optimizer& optimizer, int rank);
+
 }  // namespace lockstep

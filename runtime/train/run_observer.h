@@ -36,6 +36,9 @@ class RunObserver {
   virtual void on_audit(const nlohmann::json& summary) { (void)summary; }
   // True once the run should end cleanly after the current step.
   virtual bool stop_requested() { return false; }
+  // True when that stop is an elastic job's regroup: the run goes on in a
+  // new generation from the state this rank keeps in memory.
+  virtual bool regroup_requested() { return false; }
 };
 
 }  // namespace lockstep

@@ -66,6 +66,7 @@ class StepLoop {
  public:
   explicit StepLoop(TrainerParts& parts);
   TrainingResult run();
+  TrainingResult run_steps();
 
  private:
   // The step's microbatches: forward, loss, backward; the last backward's
@@ -82,6 +83,10 @@ class StepLoop {
   void start_audit(int64_t done);
   void finish_audit();
   void checkpoint_after(int64_t done, double lr);
+  // What a checkpoint's index (or a state kept in memory) says besides the tensors.
+  nlohmann::json state_meta(double lr, int64_t microbatches_done, int64_t epoch) const;
+  // A checkpoint or a state in memory to continue from, loaded: the step, the data position.
+  void resume_from(const nlohmann::json& meta, int64_t step, const std::string& from);
   // Says where the resumed checkpoint was written and where it continues.
   void record_checkpoint_device(const std::string& written_on);
   TrainingResult finish();
@@ -99,6 +104,10 @@ class StepLoop {
   std::unique_ptr<optim::Optimizer> optimizer_;
   CheckpointStore checkpoints_;
   int64_t first_step_ = 0, microbatches_done_ = 0, last_epoch_ = 0;
+  // The last step boundary (after an update, or the start): what a state
+  // kept in memory on the way out of a failed step describes.
+  int64_t boundary_step_ = 0, boundary_microbatches_ = 0, boundary_epoch_ = 0;
+  double boundary_lr_ = 0;
   const int64_t microbatches_per_step_ = reducer_options(config_).microbatches_per_step;  // k, all ranks
   int64_t skipped_reported_ = -1;  // rows skipped in batches, as last told to the observer
   int64_t log_every_ = 1;          // job.log_every, or about a tenth of a short run
@@ -152,18 +161,16 @@ StepLoop::StepLoop(TrainerParts& parts)
     parts_.decisions.record("rmsprop_momentum", fmt::format("{:g}", config.optim.momentum),
                             "optim.momentum applies to rmsprop too; 0 is torch.optim.RMSprop's default");
   optimizer_ = optim::make_optimizer({{flat_params, flat_grads}}, optimizer_spec(config.optim));
-  if (parts_.resume) {
+  if (parts_.resume_in_memory) {
+    load_state(*parts_.resume_in_memory, model_, *optimizer_, parts_.rank);
+    resume_from(parts_.resume_in_memory->meta, parts_.resume_in_memory->step, "memory");
+  } else if (parts_.resume) {
     load_checkpoint(checkpoints_, *parts_.resume, model_, *optimizer_, parts_.rank);
-    record_checkpoint_device(parts_.resume->meta.value("device", std::string("cpu")));
-    first_step_ = parts_.resume->step;
-    microbatches_done_ = parts_.resume->meta.value("microbatches_done", int64_t(0));
-    last_epoch_ = parts_.resume->meta.value("epoch", int64_t(0));
-    if (parts_.rank == 0)
-      spdlog::info("resumed from the checkpoint at step {} ({} microbatches done per rank, epoch "
-                   "{}); parameter digest verified on every rank", first_step_, microbatches_done_,
-                   last_epoch_);
-    parts_.events.write({{"event", "resumed"}, {"step", first_step_}, {"folder", parts_.resume->folder}});
+    resume_from(parts_.resume->meta, parts_.resume->step, parts_.resume->folder);
   }
+  boundary_step_ = first_step_;
+  boundary_microbatches_ = microbatches_done_;
+  boundary_epoch_ = last_epoch_;
   if (parts_.steps_done) *parts_.steps_done = first_step_;
   const int64_t per_step = microbatches_per_step_;
   const int64_t first_index = parts_.rank * config.train.accum_steps;  // this rank's first microbatch of a step
@@ -190,7 +197,7 @@ StepLoop::StepLoop(TrainerParts& parts)
                             "overlaps the current step's compute");
   steps_ = total_steps(config, batches_->steps_per_epoch());
   if (parts_.observer) parts_.observer->on_total_steps(steps_);
-  if (parts_.resume && first_step_ > steps_)
+  if ((parts_.resume || parts_.resume_in_memory) && first_step_ > steps_)
     throw InputError("the checkpoint to resume is at step " + std::to_string(first_step_) + ", past the " +
                      std::to_string(steps_) + " steps this job trains (job.steps / job.epochs); give more "
                      "to train further");
@@ -220,7 +227,10 @@ StepLoop::StepLoop(TrainerParts& parts)
                             (config.precision.scaler == "on" ? "precision.scaler = on; "
                                                              : "fp16 gradients need one; ") +
                                 chosen.reason);
-    if (parts_.resume && parts_.resume->meta.contains("scaler")) scaler_->load(parts_.resume->meta["scaler"]);
+    const nlohmann::json* resumed = parts_.resume_in_memory ? &parts_.resume_in_memory->meta
+                                    : parts_.resume          ? &parts_.resume->meta
+                                                             : nullptr;
+    if (resumed && resumed->contains("scaler")) scaler_->load((*resumed)["scaler"]);
   } else {
     parts_.decisions.record("grad_scaler", "off",
                             config.precision.scaler == "off" ? "precision.scaler = off"
@@ -261,7 +271,37 @@ StepLoop::StepLoop(TrainerParts& parts)
 // what follows a step (audits, checkpoints, the log, evaluation). A step
 // that updates nothing (no valid target anywhere, or the scaler skipped it)
 // still gets its audit and checkpoint.
+void StepLoop::resume_from(const nlohmann::json& meta, int64_t step, const std::string& from) {
+  record_checkpoint_device(meta.value("device", std::string("cpu")));
+  first_step_ = step;
+  microbatches_done_ = meta.value("microbatches_done", int64_t(0));
+  last_epoch_ = meta.value("epoch", int64_t(0));
+  if (parts_.rank == 0)
+    spdlog::info("resumed from {} at step {} ({} microbatches done per rank, epoch {}); parameter digest "
+                 "verified on every rank", from == "memory" ? "the state held in memory" : "the checkpoint",
+                 first_step_, microbatches_done_, last_epoch_);
+  parts_.events.write({{"event", "resumed"}, {"step", first_step_}, {"folder", from}});
+}
+
 TrainingResult StepLoop::run() {
+  try {
+    return run_steps();
+  } catch (const ModelFailure&) {
+    throw;  // the model's own error: the job fails, nothing to keep
+  } catch (const InputError&) {
+    throw;
+  } catch (const std::exception&) {
+    // A collective that failed (a lost peer) or a generation the coordinator
+    // ended: the parameters and optimizer state are those of the last step
+    // boundary, which an elastic job continues from without a checkpoint.
+    if (parts_.keep_state)
+      *parts_.keep_state = capture_state(boundary_step_, state_meta(boundary_lr_, boundary_microbatches_, boundary_epoch_),
+                                         model_, *optimizer_);
+    throw;
+  }
+}
+
+TrainingResult StepLoop::run_steps() {
   model_.train(true);
   for (int64_t step = first_step_; step < steps_ && !reducer_.stop_agreed(); ++step) {
     throw_if_generation_ended("rank " + std::to_string(parts_.rank) + " before step " +
@@ -278,6 +318,10 @@ TrainingResult StepLoop::run() {
     finish_audit();  // the previous audit's all-gather travelled during this step
     result_.steps = step + 1;
     const bool updated = update(step, global_valid);
+    boundary_step_ = step + 1;
+    boundary_microbatches_ = microbatches_done_;
+    boundary_epoch_ = last_epoch_;
+    boundary_lr_ = lr;
     start_audit(step + 1);
     if (updated && step == first_step_)  // start-up's end
       parts_.events.write({{"event", "first_step"}, {"step", step + 1}, {"total_steps", steps_}});
@@ -493,8 +537,16 @@ void StepLoop::checkpoint_after(int64_t done, double lr) {
   if (!checkpoints_on_) return;  // checkpoint.every may be 0
   if (done % config_.checkpoint.every != 0 && done != steps_ && !reducer_.stop_agreed()) return;
   auto scope = parts_.timer.measure(Phase::kCheckpoint);
-  nlohmann::json meta = {{"microbatches_done", microbatches_done_},
-                         {"epoch", last_epoch_},
+  write_checkpoint(checkpoints_, done, state_meta(lr, microbatches_done_, last_epoch_), model_, *optimizer_,
+                   parts_.rank, *parts_.control, int(config_.checkpoint.keep));
+  ++result_.checkpoints;
+  result_.last_checkpoint = done;
+  parts_.events.write({{"event", "checkpoint"}, {"step", done}, {"folder", checkpoints_.step_folder(done)}});
+}
+
+nlohmann::json StepLoop::state_meta(double lr, int64_t microbatches_done, int64_t epoch) const {
+  nlohmann::json meta = {{"microbatches_done", microbatches_done},
+                         {"epoch", epoch},
                          {"lr", lr},
                          {"model", config_.model.name},
                          {"world_size", parts_.world_size},
@@ -510,11 +562,7 @@ void StepLoop::checkpoint_after(int64_t done, double lr) {
   for (const auto& setting : meta["settings"]) joined += setting.get<std::string>() + "\n";
   meta["config_digest"] = checksum_hex(joined);
   if (scaler_) meta["scaler"] = scaler_->state();
-  write_checkpoint(checkpoints_, done, meta, model_, *optimizer_, parts_.rank, *parts_.control,
-                   int(config_.checkpoint.keep));
-  ++result_.checkpoints;
-  result_.last_checkpoint = done;
-  parts_.events.write({{"event", "checkpoint"}, {"step", done}, {"folder", checkpoints_.step_folder(done)}});
+  return meta;
 }
 
 void StepLoop::record_checkpoint_device(const std::string& written_on) {
@@ -535,6 +583,14 @@ void StepLoop::record_checkpoint_device(const std::string& written_on) {
 TrainingResult StepLoop::stopped() {
   finish_audit();
   result_.stopped_at_step = result_.steps;
+  if (parts_.observer && parts_.observer->regroup_requested()) {
+    // Not the end of the run: the next generation continues from here.
+    if (parts_.keep_state)
+      *parts_.keep_state = capture_state(result_.steps, state_meta(boundary_lr_, microbatches_done_, last_epoch_),
+                                         model_, *optimizer_);
+    parts_.events.write({{"event", "regroup"}, {"step", result_.steps}});
+    return result_;
+  }
   const bool saved = checkpoints_on_ && result_.last_checkpoint == result_.steps;
   parts_.events.write({{"event", "stopped"}, {"step", result_.steps}, {"checkpoint", saved}});
   if (parts_.rank == 0) {

@@ -6,12 +6,14 @@
 // non-finite loss or gradient. Every rank must call run() together.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "runtime/audit/audit.h"
+#include "runtime/checkpoint/checkpoint.h"
 #include "runtime/checkpoint/checkpoint_store.h"
 #include "runtime/comm/control_group.h"
 #include "runtime/job/config.h"
@@ -43,6 +45,10 @@ struct TrainerParts {
   ControlGroup* control = nullptr;  // may be null: no checkpoints
   std::string checkpoint_dir;       // RUN_DIR/checkpoints ("" = none)
   const FoundCheckpoint* resume = nullptr;  // continue from this checkpoint (in checkpoint_dir)
+  const StateInMemory* resume_in_memory = nullptr;  // or from this state (an elastic job's new generation)
+  // May be null. When a step fails (a lost peer, the generation ended), the
+  // state after the last completed step goes here on the way out.
+  std::optional<StateInMemory>* keep_state = nullptr;
   int64_t* steps_done = nullptr;    // may be null; kept current, so a failure can say how far it got
   std::string precision = "fp32";   // resolved: fp32 | bf16 (autocast) | fp16 (CUDA only)
   std::string eval_precision = "fp32";  // evaluation's: the training precision, or fp32 where the dry run needed it

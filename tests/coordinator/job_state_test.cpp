@@ -300,5 +300,122 @@ TEST(JobState, ARankDeclaredLostThatComesBackIsRefused) {
   EXPECT_NE(refused.error_message().find("not merged"), std::string::npos) << refused.error_message();
 }
 
+JobStateOptions elastic_options(int world, int min_ranks, int64_t microbatches) {
+  auto o = options(world);
+  o.min_ranks = min_ranks;
+  o.microbatches = microbatches;
+  o.replace_wait = std::chrono::milliseconds(200);
+  return o;
+}
+
+v1::JoinRequest back_from(const std::string& host, int local_rank, int pid, int64_t generation) {
+  auto r = request(host, local_rank, pid);
+  r.set_previous_generation(generation);
+  return r;
+}
+
+// Runs the liveness monitor until `done` or 5 s.
+void monitor_until(JobState& state, const std::function<bool()>& done) {
+  const auto start = Clock::now();
+  while (!done() && Clock::now() - start < std::chrono::seconds(5)) {
+    state.check_liveness();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// 4 ranks, 4 microbatches a step, at least 2: a lost rank leaves 3, which
+// divide nothing, so 2 go on and the third stands by; a new worker makes
+// 4 waiting, and the job grows back (the running ranks told REGROUP).
+TEST(JobState, AnElasticJobGoesOnWithFewerRanksAndGrowsBackWhenWorkersJoin) {
+  JobState state(elastic_options(4, 2, 4));
+  std::vector<std::future<std::pair<grpc::Status, v1::JoinReply>>> first;
+  for (int i = 0; i < 4; ++i) first.push_back(join_async(state, request("h" + std::to_string(i), 0, 10 + i)));
+  for (auto& j : first) ASSERT_TRUE(j.get().first.ok());
+  EXPECT_TRUE(state.process_ended(13, "was killed by signal 9", false));
+  ASSERT_EQ(state.state(), JobState::State::kWaiting);
+  std::vector<std::future<std::pair<grpc::Status, v1::JoinReply>>> survivors;
+  for (int i = 0; i < 3; ++i) survivors.push_back(join_async(state, back_from("h" + std::to_string(i), 0, 10 + i, 1)));
+  monitor_until(state, [&] { return state.state() == JobState::State::kRunning; });
+  ASSERT_EQ(state.state(), JobState::State::kRunning);
+  int running = 0, standing_by = 0;
+  for (auto& j : survivors) {
+    auto [status, reply] = j.get();
+    if (status.ok()) {
+      ++running;
+      EXPECT_EQ(reply.world_size(), 2);
+      EXPECT_EQ(reply.generation(), 2);
+      EXPECT_TRUE(reply.resume());
+    } else {
+      ++standing_by;
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+      EXPECT_EQ(status.error_message().rfind("standby:", 0), 0u) << status.error_message();
+    }
+  }
+  EXPECT_EQ(running, 2);
+  EXPECT_EQ(standing_by, 1);
+  auto json = state.to_json();
+  ASSERT_EQ(json["membership"].size(), 1u) << json.dump();
+  EXPECT_EQ(json["membership"][0]["world_size_before"], 4);
+  EXPECT_EQ(json["membership"][0]["world_size"], 2);
+  EXPECT_EQ(json["membership"][0]["kind"], "loss");
+  v1::StatusReply status;
+  state.status(&status);
+  EXPECT_EQ(status.world_size(), 2);
+
+  // The standby asks again: 3 would divide nothing, so it waits on.
+  v1::JoinReply reply;
+  auto again = state.join(back_from("h2", 0, 12, 1), "p", Clock::now() + std::chrono::seconds(1), &reply);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::UNAVAILABLE) << again.error_message();
+  EXPECT_NE(again.error_message().find("1 more worker"), std::string::npos) << again.error_message();
+  // A new worker on the lost host's place: 4 wait, the job regroups to 4.
+  auto newcomer = join_async(state, request("h3", 0, 20));
+  for (int i = 0; i < 100 && state.state() == JobState::State::kRunning; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(state.state(), JobState::State::kWaiting);
+  EXPECT_EQ(beat_from(state, 0, 2).command(), v1::HeartbeatReply::REGROUP);
+  std::vector<std::future<std::pair<grpc::Status, v1::JoinReply>>> third;
+  for (int i = 0; i < 3; ++i) third.push_back(join_async(state, back_from("h" + std::to_string(i), 0, 10 + i, 2)));
+  auto [joined, placed] = newcomer.get();
+  ASSERT_TRUE(joined.ok()) << joined.error_message();
+  EXPECT_EQ(placed.world_size(), 4);
+  EXPECT_EQ(placed.generation(), 3);
+  for (auto& j : third) EXPECT_TRUE(j.get().first.ok());
+  json = state.to_json();
+  ASSERT_EQ(json["membership"].size(), 2u);
+  EXPECT_EQ(json["membership"][1]["world_size"], 4);
+  EXPECT_EQ(json["membership"][1]["kind"], "regroup");
+}
+
+TEST(JobState, AnElasticJobBelowItsMinimumFailsNamingTheRange) {
+  JobState state(elastic_options(4, 3, 12));
+  std::vector<std::future<std::pair<grpc::Status, v1::JoinReply>>> first;
+  for (int i = 0; i < 4; ++i) first.push_back(join_async(state, request("h" + std::to_string(i), 0, 10 + i)));
+  for (auto& j : first) ASSERT_TRUE(j.get().first.ok());
+  EXPECT_TRUE(state.process_ended(13, "was killed by signal 9", false));
+  EXPECT_TRUE(state.process_ended(12, "was killed by signal 9", false));  // the same generation's end
+  auto a = join_async(state, back_from("h0", 0, 10, 1));
+  auto b = join_async(state, back_from("h1", 0, 11, 1));
+  monitor_until(state, [&] { return state.state() != JobState::State::kWaiting; });
+  ASSERT_EQ(state.state(), JobState::State::kFailed);
+  EXPECT_NE(state.failure().find("elastic.min_ranks = 3"), std::string::npos) << state.failure();
+  a.get();
+  b.get();
+}
+
+TEST(JobState, AHostLostAsOftenAsAllowedIsKeptOut) {
+  auto o = elastic_options(2, 1, 2);
+  o.max_host_losses = 1;
+  JobState state(o);
+  auto a = join_async(state, request("steady", 0, 10));
+  auto b = join_async(state, request("flaky", 0, 11));
+  a.get();
+  b.get();
+  EXPECT_TRUE(state.process_ended(11, "was killed by signal 9", false));
+  v1::JoinReply reply;
+  auto refused = state.join(request("flaky", 0, 12), "p", Clock::now() + std::chrono::seconds(1), &reply);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_NE(refused.error_message().find("elastic.max_host_losses = 1"), std::string::npos) << refused.error_message();
+}
+
 }  // namespace
 }  // namespace lockstep

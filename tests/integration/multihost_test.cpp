@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "integration/jobs.h"
+#include "runtime/checkpoint/checkpoint_store.h"
 #include "support/cli_runner.h"
 #include "support/net_hosts.h"
 
@@ -349,6 +350,146 @@ TEST_F(MultiHostTest, AFrozenRankIsDeclaredLostAndRefusedWhenItThaws) {
   EXPECT_EQ(manifest["restart_count"], 1);
   TempDir local;
   EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 2, sets));
+}
+
+// An elastic job (elastic.min_ranks = 2; 4 microbatches a step, so 4, 2 or
+// 1 ranks divide them), 4 ranks on two hosts of two; the defaults
+// otherwise. One host's link is cut mid-run: the survivors go on as 2 ranks
+// from the step they stopped at, with the state they hold in memory; the
+// link comes back and the host's workers are started again: the job grows
+// back to 4, the new ranks getting the state from a live peer. The run
+// ends on the bits of the uninterrupted 4-rank run.
+class ElasticTest : public MultiHostTest {
+ protected:
+  std::vector<std::string> elastic_job() const {
+    auto sets = kJob;
+    sets.insert(sets.end(), {"job.steps=4000", "data.global_batch=64", "data.microbatch=16",
+                             "elastic.min_ranks=2", "elastic.replace_wait_s=2", "audit.every=500"});
+    return sets;
+  }
+  // Waits until the coordinator's status says `world` ranks run at least `steps` past `after`.
+  bool wait_for_world(int world, int64_t after, double timeout_s) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto s = status("coord");
+      if (!s.is_null() && !s.is_discarded() && s.value("state", "") == "running" && s.value("world_size", 0) == world &&
+          int(s["ranks"].size()) == world) {
+        int64_t least = INT64_MAX;
+        for (const auto& r : s["ranks"]) least = std::min(least, r["step"].get<int64_t>());
+        if (least > after) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    return false;
+  }
+};
+
+TEST_F(ElasticTest, ACutHostShrinksTheJobToTwoRanksAndItsReturnGrowsItBackOnTheSameBits) {
+  hosts->add("coord");
+  hosts->add("a");
+  hosts->add("b");
+  auto sets = elastic_job();
+  sets.push_back("job.world_size=4");
+  auto& coordinator = start_coordinator("coord", sets);
+  for (const auto& host : {"a", "b"})
+    for (int local = 0; local < 2; ++local) start_worker(host, local);
+  ASSERT_TRUE(wait_for_world(4, 100, 90)) << coordinator.output();
+
+  const auto cut_at = std::chrono::steady_clock::now();
+  hosts->cut("b");
+  ASSERT_TRUE(wait_for_world(2, 0, 10 + 10 + 30)) << coordinator.output();
+  const double shrunk = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
+  EXPECT_LE(shrunk, 10.0 + 10.0) << "fault.heartbeat_timeout_s = 10: on 2 ranks " << shrunk << " s after the cut";
+  EXPECT_TRUE(coordinator.wait_for_output("Decision: world_size = 2", 1)) << coordinator.output();
+  EXPECT_NE(processes[1]->output().find("Decision: resume_from = memory"), std::string::npos) << processes[1]->output();
+  // b's workers, cut off from the coordinator, end by themselves.
+  EXPECT_NE(processes[3]->wait(30), -1) << processes[3]->output();
+  EXPECT_NE(processes[4]->wait(30), -1) << processes[4]->output();
+  hosts->restore("b");
+  const auto back_at = std::chrono::steady_clock::now();
+  start_worker("b", 0);
+  start_worker("b", 1);
+  ASSERT_TRUE(wait_for_world(4, 0, 60)) << coordinator.output();
+  const double grown = std::chrono::duration<double>(std::chrono::steady_clock::now() - back_at).count();
+  EXPECT_TRUE(coordinator.wait_for_output("Decision: regroup", 1)) << coordinator.output();
+  ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output();
+  for (size_t p = 1; p < processes.size(); ++p)
+    if (p != 3 && p != 4) EXPECT_EQ(processes[p]->wait(30), 0) << processes[p]->output();
+  std::printf("elastic: on 2 ranks %.1f s after the cut, back on 4 ranks %.1f s after b's workers started\n",
+              shrunk, grown);
+
+  const std::string run = single_run(home("coord") + "/runs");
+  auto manifest = read_json(run + "/manifest.json");
+  const auto& membership = manifest["coordinator"]["membership"];
+  ASSERT_EQ(membership.size(), 2u) << manifest["coordinator"].dump(1);
+  EXPECT_EQ(membership[0]["world_size_before"], 4);
+  EXPECT_EQ(membership[0]["world_size"], 2);
+  EXPECT_EQ(membership[1]["world_size"], 4);
+  EXPECT_EQ(membership[1]["kind"], "regroup");
+  TempDir local;
+  EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 4, sets));
+}
+
+// SIGKILL of one rank: 3 survivors, but 3 does not divide 4 microbatches:
+// 2 go on, the third stands by; one new worker makes 4 again.
+TEST_F(ElasticTest, AKilledRankLeavesTwoRanksAndAStandbyAndANewWorkerMakesFourOnTheSameBits) {
+  hosts->add("coord");
+  hosts->add("a");
+  hosts->add("b");
+  auto sets = elastic_job();
+  sets.push_back("job.world_size=4");
+  auto& coordinator = start_coordinator("coord", sets);
+  for (const auto& host : {"a", "b"})
+    for (int local = 0; local < 2; ++local) start_worker(host, local);
+  ASSERT_TRUE(wait_for_world(4, 100, 90)) << coordinator.output();
+  const auto killed_at = std::chrono::steady_clock::now();
+  processes[4]->signal(SIGKILL);
+  ASSERT_TRUE(wait_for_world(2, 0, 10 + 10 + 30)) << coordinator.output();
+  const double shrunk = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LE(shrunk, 10.0 + 10.0) << "on 2 ranks " << shrunk << " s after the kill";
+  EXPECT_TRUE(coordinator.wait_for_output("waits as a standby", 1)) << coordinator.output();
+  start_worker("b", 1);
+  ASSERT_TRUE(wait_for_world(4, 0, 60)) << coordinator.output();
+  ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output();
+  std::printf("elastic, SIGKILL: on 2 ranks %.1f s after the kill\n", shrunk);
+  auto manifest = read_json(single_run(home("coord") + "/runs") + "/manifest.json");
+  const auto& membership = manifest["coordinator"]["membership"];
+  ASSERT_EQ(membership.size(), 2u) << manifest["coordinator"].dump(1);
+  EXPECT_EQ(membership[0]["world_size"], 2);
+  EXPECT_EQ(membership[1]["world_size"], 4);
+  TempDir local;
+  EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 4, sets));
+}
+
+// Below elastic.min_ranks: 12 microbatches a step (4 or 3 ranks), at least
+// 3; a cut host leaves 2. The job fails saying so, after the wait for a
+// replacement; its manifest says why and its newest checkpoint verifies.
+TEST_F(ElasticTest, ALossBelowTheMinimumFailsTheJobAndKeepsItsCheckpoints) {
+  hosts->add("coord");
+  hosts->add("a");
+  hosts->add("b");
+  const std::string shared = home("shared");
+  auto sets = kJob;
+  sets.insert(sets.end(), {"job.world_size=4", "job.steps=100000", "data.global_batch=96", "data.microbatch=8",
+                           "elastic.min_ranks=3", "elastic.replace_wait_s=2", "checkpoint.every=50",
+                           "fault.heartbeat_timeout_s=3"});
+  auto& coordinator = start_coordinator("coord", sets, shared);
+  for (const auto& host : {"a", "b"})
+    for (int local = 0; local < 2; ++local) start_worker(host, local, {}, shared);
+  ASSERT_TRUE(wait_for_world(4, 120, 90)) << coordinator.output();
+  hosts->cut("b");
+  EXPECT_EQ(coordinator.wait(60), 1) << coordinator.output();
+  for (size_t p = 1; p < processes.size(); ++p) EXPECT_NE(processes[p]->wait(30), -1) << processes[p]->output();
+  const std::string run = single_run(shared + "/runs");
+  auto manifest = read_json(run + "/manifest.json");
+  EXPECT_EQ(manifest["status"], "failed");
+  const std::string failure = manifest["coordinator"].value("failure", "");
+  EXPECT_NE(failure.find("fewer than elastic.min_ranks = 3"), std::string::npos) << failure;
+  EXPECT_NE(failure.find("elastic.replace_wait_s = 2"), std::string::npos) << failure;
+  std::vector<std::string> rejected;
+  const auto newest = CheckpointStore(run + "/checkpoints").newest_valid(&rejected);
+  ASSERT_TRUE(newest.has_value()) << "no checkpoint verifies";
+  EXPECT_GE(newest->step, 100);
 }
 
 TEST_F(MultiHostTest, WorkersEndWhenTheCoordinatorHostIsCutOff) {
