@@ -128,13 +128,23 @@ int run_command(const std::string& job_file, const std::vector<std::string>& ove
   std::vector<std::string> passed_on = overrides;
   const ResumePlan resume = plan_resume(resume_dir, passed_on);
   const std::string& resumed_id = resume.run_id;
-  JobConfig config = checked_job(job_file, passed_on);
-  if (nproc > 0 && nproc != config.job.world_size) {
-    spdlog::info("Decision: job.world_size = {} (from --nproc; the job file says {})", nproc,
-                 config.job.world_size);
-    passed_on.push_back("job.world_size=" + std::to_string(nproc));
-    config = checked_job(job_file, passed_on);
+  // --nproc is the world size before anything is checked against it (a
+  // test.fail_rank or fault.inject rank beyond the job file's world size).
+  JobConfig config;
+  if (nproc > 0) {
+    std::string file_says = "the same";
+    try {
+      if (const int64_t in_file = load_job_config(job_file, passed_on).job.world_size; in_file != nproc)
+        file_says = std::to_string(in_file);
+    } catch (const InputError&) {
+      file_says = "one this job's ranks do not fit (a rank key names rank " "beyond it)";
+    }
+    if (file_says != "the same") {
+      spdlog::info("Decision: job.world_size = {} (from --nproc; the job file says {})", nproc, file_says);
+      passed_on.push_back("job.world_size=" + std::to_string(nproc));
+    }
   }
+  config = checked_job(job_file, passed_on);
   check_devices_here(config);  // the ranks run here: a GPU asked for must be here
   check_data_files(config.data, DataHost::this_host);  // a truncated file is bad input before anything starts
   if (resume_is_already_done(resume, config)) return 0;

@@ -129,6 +129,20 @@ void print_finished(const nlohmann::json& manifest, const std::string& run_dir, 
                             {"steps_redone", int64_t(number(restart, "steps_redone", -1))},
                             {"recovery_s", number(restart, "recovery_s", -1)},
                             {"reason", text(restart, "reason")}});
+  // An elastic job's world size over time: each generation after the first.
+  nlohmann::json membership = nlohmann::json::array();
+  if (auto c = manifest.find("coordinator"); c != manifest.end() && c->is_object())
+    if (auto m = c->find("membership"); m != c->end() && m->is_array())
+      for (const auto& change : *m)
+        if (change.is_object())
+          membership.push_back({{"generation", int64_t(number(change, "generation", 0))},
+                                {"step", int64_t(number(change, "resumed_from_step", number(change, "step", -1)))},
+                                {"recovery_s", number(change, "recovery_s", -1)},
+                                {"world_size_before", int64_t(number(change, "world_size_before", 0))},
+                                {"world_size", int64_t(number(change, "world_size", 0))},
+                                {"kind", text(change, "kind")},
+                                {"seconds_to_new_generation", number(change, "seconds_to_new_generation", -1)},
+                                {"reason", text(change, "reason")}});
   if (auto c = manifest.find("coordinator"); c != manifest.end() && c->is_object())
     if (auto w = c->find("workers"); w != c->end() && w->is_array())
       for (const auto& worker : *w)
@@ -138,7 +152,8 @@ void print_finished(const nlohmann::json& manifest, const std::string& run_dir, 
   const std::string state = text(manifest, "status"), error = text(manifest, "error");
   if (json) {
     std::printf("%s\n", nlohmann::json({{"run_id", text(manifest, "run_id")}, {"state", state}, {"running", false},
-                                         {"failure", error}, {"restarts", restarts}, {"ranks", ranks}})
+                                         {"failure", error}, {"restarts", restarts}, {"membership", membership},
+                                         {"ranks", ranks}})
                             .dump(2)
                             .c_str());
     return;
@@ -155,6 +170,16 @@ void print_finished(const nlohmann::json& manifest, const std::string& run_dir, 
                 resumed >= 0 ? ("resumed from step " + std::to_string(resumed)).c_str() : "no step trained after it",
                 redone >= 0 ? (", " + std::to_string(redone) + " steps redone").c_str() : "",
                 seconds >= 0 ? fmt::format(", recovery {:.2f} s", seconds).c_str() : "");
+  }
+  for (const auto& m : membership) {
+    const double seconds = m["recovery_s"];
+    std::printf("generation %lld from step %lld: %lld -> %lld ranks (%s: %s)%s\n",
+                static_cast<long long>(m["generation"].get<int64_t>()), static_cast<long long>(m["step"].get<int64_t>()),
+                static_cast<long long>(m["world_size_before"].get<int64_t>()),
+                static_cast<long long>(m["world_size"].get<int64_t>()), m["kind"].get<std::string>().c_str(),
+                m["reason"].get<std::string>().c_str(),
+                seconds >= 0 ? fmt::format("; {:.2f} s from the end of the last generation to the first step", seconds).c_str()
+                             : "");
   }
   for (const auto& r : ranks)
     std::printf("rank %lld (%s): %s at step %lld\n", static_cast<long long>(r["rank"].get<int64_t>()),

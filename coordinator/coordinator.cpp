@@ -133,7 +133,7 @@ grpc::Status serve_store_call(KeyValueStore& store, const v1::StoreRequest& requ
 }
 }  // namespace
 
-void add_recovery_costs(const std::string& run_folder, nlohmann::json& restarts) {
+void add_recovery_costs(const std::string& run_folder, nlohmann::json& restarts, const std::string& time_key) {
   struct Event {
     std::string kind;
     double time;
@@ -157,7 +157,7 @@ void add_recovery_costs(const std::string& run_folder, nlohmann::json& restarts)
   }
   std::sort(events.begin(), events.end(), [](const Event& a, const Event& b) { return a.time < b.time; });
   for (auto& restart : restarts) {
-    const double died = restart.value("died_unix_s", 0.0);
+    const double died = restart.value(time_key, 0.0);
     int64_t resumed = 0, reached = restart.value("last_step_reported", int64_t(0));
     double generation_start = 0;  // the first step of the generation that failed
     for (const auto& e : events)
@@ -449,9 +449,14 @@ void CoordinatorServer::write_manifest() const {
   // The whole job as its coordinator saw it (waiting for workers, restarts,
   // training): a rank's own phases cover only its last generation.
   manifest["job_wall_s"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  // An elastic job's world size over time, each change with what it cost:
+  // from the end of the last generation to the first step of the next, and
+  // the steps redone (the step in flight; from a checkpoint, more).
+  if (!manifest["coordinator"]["membership"].empty())
+    add_recovery_costs(folder.path(), manifest["coordinator"]["membership"], "ended_unix_s");
   nlohmann::json restarts = manifest["coordinator"]["restarts"];
   if (!restarts.empty()) {
-    add_recovery_costs(folder.path(), restarts);
+    add_recovery_costs(folder.path(), restarts, "died_unix_s");
     manifest["restarts"] = restarts;
     manifest["restart_count"] = restarts.size();
     if (state_->state() == JobState::State::kFailed) manifest["final_failure"] = state_->failure();

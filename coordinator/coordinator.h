@@ -80,11 +80,12 @@ class CoordinatorServer {
   std::chrono::steady_clock::time_point started_{};  // start(): the job's wall time counts from here
 };
 
-// Fills each restart's recovery_s (its death to the end of the first step
-// after it), resumed_from_step, steps_reached (the most steps a rank had
-// finished when the generation failed) and steps_redone, from the run
-// folder's events files.
-void add_recovery_costs(const std::string& run_folder, nlohmann::json& restarts);
+// Fills each restart's recovery_s (from its `time_key`, the death or the
+// generation's end in Unix seconds, to the end of the first step after it),
+// resumed_from_step, steps_reached (the most steps a rank had finished when
+// the generation failed) and steps_redone, from the run folder's events
+// files. Also for an elastic job's membership changes.
+void add_recovery_costs(const std::string& run_folder, nlohmann::json& restarts, const std::string& time_key);
 
 // Writes one chunk of a worker's run-folder file into `folder` (the PutFile
 // call): only that rank's own files, in order, renamed into place with the

@@ -84,8 +84,11 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
     return {grpc::StatusCode::NOT_FOUND,
             "unknown run id '" + request.run_id() + "': this coordinator runs '" +
                 options_.run_id + "'"};
-  if (auto lost = host_losses_.find(request.hostname());
-      lost != host_losses_.end() && lost->second >= options_.max_host_losses)
+  // A new process from a host lost that often is refused; one that survived
+  // on it (it rejoins from its own process) is not lost.
+  if (auto lost = host_losses_.find(request.hostname()); request.previous_generation() == 0 &&
+                                                         lost != host_losses_.end() &&
+                                                         lost->second >= options_.max_host_losses)
     return {grpc::StatusCode::ABORTED,
             "host " + request.hostname() + " was lost " + std::to_string(lost->second) + " times in this job "
             "(elastic.max_host_losses = " + std::to_string(options_.max_host_losses) + "): it is kept out; "
@@ -313,7 +316,10 @@ void JobState::start_generation_locked(int world, const std::string& why) {
     const double lost = seconds_between(ended_at_, now);
     const std::string change = running_world_size_ == world ? "the same world size"
                                : world < running_world_size_ ? "shrinks" : "grows";
-    membership_.push_back({{"generation", generation_}, {"step", step_at_end_},
+    const double ended_unix_s =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() - lost;
+    membership_.push_back({{"generation", generation_}, {"step", step_at_end_}, {"last_step_reported", step_at_end_},
+                           {"ended_unix_s", ended_unix_s},
                            {"world_size_before", running_world_size_}, {"world_size", world},
                            {"reason", end_reason_ + (why.empty() ? "" : "; " + why)},
                            {"kind", ended_by_regroup_ ? "regroup" : "loss"},

@@ -53,6 +53,9 @@ class Optimizer {
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
   std::vector<uint8_t> save_to_bytes() const;
+  // The state tensors (momentum; or the moments), per segment and slot:
+  // what a digest of the optimizer's state reads.
+  const std::vector<std::vector<at::Tensor>>& state() const { return state_; }
   void load_from_bytes(const std::vector<uint8_t>& bytes);
 
  protected:

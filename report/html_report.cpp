@@ -265,6 +265,20 @@ std::string restart_table(const std::vector<RunRecord>& runs) {
          rows + "</table>\n";
 }
 
+// An elastic job's world size over time: one row per generation after the first.
+std::string membership_table(const std::vector<RunRecord>& runs) {
+  std::string rows;
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (const auto& m : runs[i].membership)
+      rows += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{} &rarr; {}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
+                          escape(run_label(runs, i)), m.generation, known(m.step), m.world_size_before, m.world_size,
+                          escape(m.kind), escape(m.reason),
+                          m.seconds >= 0 ? fmt::format("{:.1f} s", m.seconds) : "not measured");
+  if (rows.empty()) return "<p class=\"muted\">The world size never changed.</p>\n";
+  return "<table><tr><th>run</th><th>generation</th><th>from step</th><th>ranks</th><th>kind</th><th>why</th>"
+         "<th>end of the last generation to the first step</th></tr>\n" + rows + "</table>\n";
+}
+
 std::string decision_table(const RunRecord& run) {
   std::string out = "<table><tr><th>decision</th><th>value</th><th>reason</th><th>ranks</th></tr>\n";
   for (const auto& d : run.decisions)
@@ -345,6 +359,7 @@ std::string html_report(const std::vector<RunRecord>& runs) {
   out += "<h2 id=\"audit\">Audit: did the ranks agree?</h2>\n";
   for (size_t i = 0; i < runs.size(); ++i) out += audit_timeline(runs[i], run_label(runs, i));
   out += "<h2 id=\"restarts\">Restarts</h2>\n" + restart_table(runs);
+  out += "<h2 id=\"world-size\">World size over time</h2>\n" + membership_table(runs);
   out += "<h2 id=\"decisions\">Decisions</h2>\n";
   for (size_t i = 0; i < runs.size(); ++i) {
     if (runs.size() > 1) out += "<h3>" + escape(run_label(runs, i)) + "</h3>\n";

@@ -298,6 +298,16 @@ RunRecord load_run(const std::string& folder_name) {
                               text(r, "reason")});
     }
 
+  if (auto coordinator = manifest.find("coordinator"); coordinator != manifest.end() && coordinator->is_object())
+    if (auto changes = coordinator->find("membership"); changes != coordinator->end() && changes->is_array())
+      for (const json& m : *changes) {
+        if (!m.is_object()) continue;
+        run.membership.push_back({int(integer(m, "generation")), integer(m, "resumed_from_step", integer(m, "step", -1)),
+                                  int(std::clamp<int64_t>(integer(m, "world_size_before"), 0, kMaxRanks)),
+                                  int(std::clamp<int64_t>(integer(m, "world_size"), 0, kMaxRanks)),
+                                  text(m, "kind"), text(m, "reason"), number(m, "recovery_s", -1)});
+      }
+
   if (auto phases = manifest.find("phases"); phases != manifest.end() && phases->is_object())
     run.wall_s = number(*phases, "wall");
   run.job_wall_s = number(manifest, "job_wall_s", -1);

@@ -49,6 +49,15 @@ struct RestartMark {
   std::string reason;
 };
 
+// An elastic job's generation after the first: its world size and why.
+struct MembershipMark {
+  int generation = 0;
+  int64_t step = -1;  // where it went on from
+  int world_size_before = 0, world_size = 0;
+  std::string kind, reason;  // kind: loss | regroup
+  double seconds = -1;       // from the end of the last generation to this one's first step; -1 unknown
+};
+
 // One decision and the ranks that made it with this value and reason.
 struct DecisionRow {
   std::string what, value, reason;
@@ -72,6 +81,7 @@ struct RunRecord {
   int64_t first_drift_step = -1;
   std::string first_drift;  // what parted first, in words
   std::vector<RestartMark> restarts;
+  std::vector<MembershipMark> membership;  // the world size over time (elastic jobs)
   std::vector<DecisionRow> decisions;
   std::map<int, std::map<std::string, double>> phases_by_rank;  // the latest totals of each rank
   std::map<std::string, double> final_metrics;                  // test_accuracy, test_loss, ...

@@ -103,8 +103,11 @@ void check_folder_shared(ControlGroup& control, const RunFolder& folder, int ran
 std::optional<StateInMemory> agree_on_kept_state(ControlGroup& control, std::optional<StateInMemory>& kept,
                                                  int rank, DecisionLog& decisions, EventWriter& events) {
   const auto started = std::chrono::steady_clock::now();
+  // What each rank holds: step, content digests, and the checksum of the
+  // bytes it would send (which only the transfer checks: two archives of
+  // the same tensors differ in their serialisation ids).
   const std::string bytes = kept ? kept->to_bytes() : std::string();
-  const std::string mine = kept ? std::to_string(kept->step) + " " + checksum_hex(bytes) : "";
+  const std::string mine = kept ? state_identity(*kept) + " " + checksum_hex(bytes) : "";
   kept.reset();  // this generation keeps its own, if it ends under it
   const auto held = control.exchange("kept-state", mine);
   auto step_of = [](const std::string& entry) { return std::stoll(entry.substr(0, entry.find(' '))); };
@@ -113,16 +116,18 @@ std::optional<StateInMemory> agree_on_kept_state(ControlGroup& control, std::opt
     if (!held[r].empty() && (source < 0 || step_of(held[r]) > step_of(held[size_t(source)]))) source = int(r);
   if (source < 0) return std::nullopt;
   std::string holders, receivers, differ;
+  auto identity = [](const std::string& entry) { return entry.substr(0, entry.rfind(' ')); };
   for (size_t r = 0; r < held.size(); ++r) {
     const bool same_step = !held[r].empty() && step_of(held[r]) == step_of(held[size_t(source)]);
     std::string& list = same_step ? holders : receivers;
     list += (list.empty() ? "" : ", ") + std::to_string(r);
-    if (same_step && held[r] != held[size_t(source)]) differ += (differ.empty() ? "" : "; ") + std::to_string(r);
+    if (same_step && identity(held[r]) != identity(held[size_t(source)]))
+      differ += (differ.empty() ? "" : "; ") + std::to_string(r);
   }
   if (!differ.empty()) {
     decisions.record("resume_from", "the newest checkpoint",
                      "ranks hold the state of step " + std::to_string(step_of(held[size_t(source)])) +
-                         " in memory with different checksums (rank " + std::to_string(source) + " against " +
+                         " in memory with different digests (rank " + std::to_string(source) + " against " +
                          differ + "): they are apart, and no state in memory is trusted",
                      /*warn=*/true);
     return std::nullopt;
@@ -137,13 +142,13 @@ std::optional<StateInMemory> agree_on_kept_state(ControlGroup& control, std::opt
   control.collectives().broadcast(payload, source);
   const std::string received(reinterpret_cast<const char*>(payload.data_ptr<uint8_t>()), size_t(payload.numel()));
   StateInMemory state = StateInMemory::from_bytes(received);
-  if (std::to_string(state.step) + " " + checksum_hex(received) != expected)
+  if (state_identity(state) + " " + checksum_hex(received) != expected)
     throw RunError("the state rank " + std::to_string(source) + " sent (step " + std::to_string(state.step) +
                    ") does not match its checksum on rank " + std::to_string(rank) + ": the transfer corrupted it");
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   decisions.record("resume_from", "memory, step " + std::to_string(state.step),
                    "an elastic generation: rank(s) " + holders + " held the state after step " +
-                       std::to_string(state.step) + " in memory (the same checksum on each); rank " +
+                       std::to_string(state.step) + " in memory (the same digests on each); rank " +
                        std::to_string(source) + " sent it (" + fmt::format("{:.1f}", double(received.size()) / 1e6) +
                        " MB, " + fmt::format("{:.2f}", seconds) + " s) to every rank over the control group" +
                        (receivers.empty() ? "" : ", for rank(s) " + receivers + " that held none or an older one") +

@@ -181,7 +181,9 @@ AuditResult Auditor::finish(optim::Optimizer& optimizer) {
         result.findings[f].max_abs_diff.push_back(double_of(all[size_t(r)].data_ptr<int64_t>()[f]));
   }
 
-  nlohmann::json evidence = {{"event", "audit"}, {"step", step}, {"rank", rank},
+  // The world size of this audit: an elastic job's changes from one
+  // generation to the next, so that `lockstep audit` compares the ranks that were there.
+  nlohmann::json evidence = {{"event", "audit"}, {"step", step}, {"rank", rank}, {"world_size", world},
                              {"rng", TensorDigest{0, p.rng, 0}.hex().substr(16)},
                              {"digest", p.digest_kind}};
   for (size_t t = 0; t < count; ++t) {

@@ -40,7 +40,7 @@ AuditReport audit_run_folder(const std::string& run_dir) {
   namespace fs = std::filesystem;
   std::vector<std::string> problems;
   const std::string manifest_path = run_dir + "/manifest.json";
-  int world = 0;
+  int world = 0, world_max = 0;
   std::string run_status;  // the manifest's outcome, as the run recorded it
   // Evidence is read, never trusted: every file must be a regular file,
   // every line bounded JSON of the expected shape, and the ranks' files must
@@ -68,17 +68,28 @@ AuditReport audit_run_folder(const std::string& run_dir) {
                            " (a run has 1 to 65536 ranks)"});
     world = static_cast<int>(stated);
     if (manifest.contains("status") && manifest["status"].is_string()) run_status = manifest["status"];
+    // An elastic job whose world size changed (the coordinator recorded
+    // each change): the most ranks it had. Without a recorded change the
+    // manifest's world size is the only one.
+    world_max = world;
+    if (auto c = manifest.find("coordinator"); c != manifest.end() && c->is_object()) {
+      auto m = c->find("world_size_max");
+      auto changes = c->find("membership");
+      if (m != c->end() && m->is_number_integer() && m->get<int64_t>() >= world && m->get<int64_t>() <= 65536 &&
+          changes != c->end() && changes->is_array() && !changes->empty())
+        world_max = int(m->get<int64_t>());
+    }
   }
-  // A rank file beyond the manifest's world size means one of them lies.
-  if (fs::exists(run_dir + "/audit-rank" + std::to_string(world) + ".jsonl"))
-    return bad_evidence({manifest_path + ": world_size = " + std::to_string(world) + " but audit-rank" +
-                         std::to_string(world) + ".jsonl exists (inconsistent)"});
+  // A rank file beyond the run's most ranks means one of them lies.
+  if (fs::exists(run_dir + "/audit-rank" + std::to_string(world_max) + ".jsonl"))
+    return bad_evidence({manifest_path + ": world_size = " + std::to_string(world_max) + " but audit-rank" +
+                         std::to_string(world_max) + ".jsonl exists (inconsistent)"});
 
-  std::vector<RankEvidence> ranks(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r) {
+  std::vector<RankEvidence> ranks(static_cast<size_t>(world_max));
+  for (int r = 0; r < world_max; ++r) {
     const std::string path = run_dir + "/audit-rank" + std::to_string(r) + ".jsonl";
     if (!fs::exists(path)) {
-      problems.push_back(path + ": missing");
+      if (r < world) problems.push_back(path + ": missing");
       continue;
     }
     if (!regular_file(path)) {
@@ -108,6 +119,10 @@ AuditReport audit_run_folder(const std::string& run_dir) {
         shape = "no tensors object";
       else if (audit.contains("rng") && !audit["rng"].is_string())
         shape = "rng is not a string";
+      else if (audit.contains("world_size") &&
+               (!audit["world_size"].is_number_integer() || audit["world_size"].get<int64_t>() < 1 ||
+                audit["world_size"].get<int64_t>() > world_max || audit["world_size"].get<int64_t>() <= r))
+        shape = "world_size is not one of this run's (1 to " + std::to_string(world_max) + ", above the rank)";
       if (shape.empty())
         for (const auto& [name, hash] : audit["tensors"].items())
           if (shape.empty() && !hash.is_string()) shape = "tensor " + name + " has no string digest";
@@ -118,19 +133,32 @@ AuditReport audit_run_folder(const std::string& run_dir) {
       // A step audited again (a restart redid it) counts as its last audit.
       ranks[size_t(r)].by_step[audit["step"].get<int64_t>()] = audit;
     }
-    if (ranks[size_t(r)].by_step.empty() && problems.empty())
+    if (ranks[size_t(r)].by_step.empty() && problems.empty() && r < world)
       problems.push_back(path + ": holds no audit");
   }
   if (!problems.empty()) return bad_evidence(problems);
 
+  // Each audited step's ranks: as many as its evidence says the world had
+  // then (rank 0's line; older evidence without it: the manifest's).
   std::set<int64_t> steps;
   for (const auto& r : ranks)
     for (const auto& [step, audit] : r.by_step) steps.insert(step);
-  for (int r = 0; r < world; ++r)
-    for (int64_t step : steps)
+  std::map<int64_t, int> world_at;
+  for (int64_t step : steps) {
+    auto line = ranks[0].by_step.find(step);
+    const int w = line == ranks[0].by_step.end() ? world
+                  : int(line->second.value("world_size", int64_t(world)));
+    world_at[step] = w;
+    for (int r = 0; r < w; ++r)
       if (!ranks[size_t(r)].by_step.count(step))
         problems.push_back("audit-rank" + std::to_string(r) + ".jsonl: no audit at step " +
                            std::to_string(step) + ", which other ranks audited (inconsistent)");
+      else if (ranks[size_t(r)].by_step[step].value("world_size", int64_t(world)) != w)
+        problems.push_back("audit-rank" + std::to_string(r) + ".jsonl: step " + std::to_string(step) +
+                           " audited in a world of " +
+                           std::to_string(ranks[size_t(r)].by_step[step].value("world_size", int64_t(world))) +
+                           " ranks, rank 0's of " + std::to_string(w) + " (inconsistent)");
+  }
   if (!problems.empty()) return bad_evidence(problems);
 
   AuditReport report;
@@ -142,7 +170,10 @@ AuditReport audit_run_folder(const std::string& run_dir) {
   char line[512];
   std::snprintf(line, sizeof line, "%8s  %-8s  %-8s  %s\n", "step", "verdict", "streams", "differing tensors (rank groups)");
   report.text = line;
+  std::set<int> world_sizes;
   for (int64_t step : steps) {
+    const int world = world_at[step];  // this step's
+    world_sizes.insert(world);
     const json& reference = ranks[0].by_step[step]["tensors"];
     for (int r = 1; r < world; ++r)
       for (const auto& [name, hash] : ranks[size_t(r)].by_step[step]["tensors"].items())
@@ -197,8 +228,10 @@ AuditReport audit_run_folder(const std::string& run_dir) {
                  {"streams_shared", streams_shared}};
   if (first_drift < 0) {
     report.exit_code = 0;
-    report.text += "verdict: all " + std::to_string(world) + " ranks agreed at every one of " +
-                   std::to_string(steps.size()) + " audited steps\n";
+    std::string sizes;
+    for (int w : world_sizes) sizes += (sizes.empty() ? "" : ", ") + std::to_string(w);
+    report.text += "verdict: all " + (world_sizes.size() > 1 ? "ranks (" + sizes + " over the run)" : sizes + " ranks") +
+                   " agreed at every one of " + std::to_string(steps.size()) + " audited steps\n";
     report.json["verdict"] = "agreed";
   } else {
     report.exit_code = 1;

@@ -200,11 +200,21 @@ void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found,
   check_loaded_digest(model, found.meta, where, rank);
 }
 
+std::string optimizer_digest(const optim::Optimizer& optimizer) {
+  NamedDigests digests;
+  for (size_t s = 0; s < optimizer.state().size(); ++s)
+    for (size_t slot = 0; slot < optimizer.state()[s].size(); ++slot)
+      digests.emplace_back(std::to_string(s) + "/" + std::to_string(slot), digest(optimizer.state()[s][slot]));
+  digests.emplace_back("steps", TensorDigest{0, uint64_t(optimizer.steps_taken()), 0});
+  return combined_hex(digests);
+}
+
 StateInMemory capture_state(int64_t step, nlohmann::json meta, Model& model, const optim::Optimizer& optimizer) {
   StateInMemory state;
   state.step = step;
   meta["step"] = step;
   meta["param_digest"] = combined_hex(model_digests(model, true));
+  meta["optimizer_digest"] = optimizer_digest(optimizer);
   meta["ranks"] = 0;  // no rank's generator: every microbatch reseeds
   state.meta = std::move(meta);
   state.model = model_bytes(model);
@@ -213,11 +223,19 @@ StateInMemory capture_state(int64_t step, nlohmann::json meta, Model& model, con
   return state;
 }
 
+std::string state_identity(const StateInMemory& state) {
+  return std::to_string(state.step) + " " + state.meta.value("param_digest", std::string("?")) + " " +
+         state.meta.value("optimizer_digest", std::string("?"));
+}
+
 void load_state(const StateInMemory& state, Model& model, optim::Optimizer& optimizer, int rank) {
   const std::string where = "the state of step " + std::to_string(state.step) + " held in memory";
   load_model_bytes(state.model, model, where);
   optimizer.load_from_bytes(std::vector<uint8_t>(state.optimizer.begin(), state.optimizer.end()));
   check_loaded_digest(model, state.meta, where, rank);
+  if (const std::string loaded = optimizer_digest(optimizer); loaded != state.meta.value("optimizer_digest", ""))
+    throw RunError(where + ": the optimizer state loaded on rank " + std::to_string(rank) + " has digest " + loaded +
+                   ", the state recorded " + state.meta.value("optimizer_digest", std::string("none")));
 }
 
 namespace {

@@ -62,6 +62,10 @@ struct StateInMemory {
 
 // The state after step `step` (meta as for write_checkpoint).
 StateInMemory capture_state(int64_t step, nlohmann::json meta, Model& model, const optim::Optimizer& optimizer);
+// What a state is, independent of how its bytes were serialised (an archive
+// carries a serialisation id of its own): its step, the digest of its
+// parameters and buffers, and that of its optimizer state.
+std::string state_identity(const StateInMemory& state);
 // Loads it and checks the parameter digest, like load_checkpoint.
 void load_state(const StateInMemory& state, Model& model, optim::Optimizer& optimizer, int rank);
 

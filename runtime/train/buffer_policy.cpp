@@ -37,6 +37,14 @@ void BufferPolicy::end_microbatch() {
   changes_.push_back(torch::cat(flat));
 }
 
+void BufferPolicy::abandon_step() {
+  if (step_start_.empty()) return;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].second.copy_(step_start_[i]);
+  step_start_.clear();
+  changes_.clear();
+}
+
 void BufferPolicy::sync(int64_t total_microbatches) {
   if (policy_ == "mean") return apply_mean_change(total_microbatches);
   if (!active() || group_.size() == 1) return;

@@ -36,6 +36,9 @@ class BufferPolicy {
   void end_microbatch();
   // After the step's microbatches: `total_microbatches` is k, every rank's together.
   void sync(int64_t total_microbatches = 1);
+  // A step that will not finish (a lost peer, the generation ended): the
+  // buffers go back to how the step found them, as the parameters are.
+  void abandon_step();
   // Runs `evaluate` with rank 0's buffers on every rank, so that the
   // figures reported are those of the model rank 0 saves. Under local each
   // rank's own buffers are put back after; otherwise they are rank 0's already.

@@ -294,9 +294,11 @@ TrainingResult StepLoop::run() {
     // A collective that failed (a lost peer) or a generation the coordinator
     // ended: the parameters and optimizer state are those of the last step
     // boundary, which an elastic job continues from without a checkpoint.
-    if (parts_.keep_state)
+    if (parts_.keep_state) {
+      buffers_->abandon_step();  // the forwards of the step in flight moved them
       *parts_.keep_state = capture_state(boundary_step_, state_meta(boundary_lr_, boundary_microbatches_, boundary_epoch_),
                                          model_, *optimizer_);
+    }
     throw;
   }
 }

@@ -9,11 +9,14 @@ step, fault.heartbeat_timeout_s = 3 for all.
     killed (SIGKILL) mid-run; 3 survivors, so the job goes on with 2 ranks
     (one waits as a standby) from the state they hold in memory. Then one
     new worker starts: with the standby, 4 wait, and the job regroups to 4.
-  checkpoint (fault.max_restarts = 1, checkpoint.every = 20): the same kill,
-    a replacement started at once (a supervisor's best), every rank back to
-    the newest checkpoint.
+  elastic_replaced: the same elastic job, but a replacement is started at
+    the kill (a supervisor's best): the world size is kept, the new rank gets
+    the state from a live peer.
+  checkpoint_replaced (fault.max_restarts = 1, a checkpoint every 2/3 of the
+    kill step): the same kill and replacement, every rank back to the newest
+    checkpoint (today's restart).
 
-Seconds lost per shrink / restart: from the kill until the job is back at
+Seconds lost per shrink / replacement: from the kill until the job is back at
 the step it had reached (detection, decision, state transfer or checkpoint
 read, redone steps). Per grow: from the new worker's start until 4 ranks
 train past the step where they regrouped. Read from the coordinator's
@@ -85,7 +88,7 @@ class Job:
         return self.workers[-1]
 
     def sample(self):
-        """(world size, [step of each rank]) from the metrics endpoint; None while it is not up."""
+        """(world size, [step of each rank], state, generation) from the metrics endpoint; None while it is not up."""
         try:
             text = urllib.request.urlopen(f"http://{self.metrics}/metrics", timeout=2).read().decode()
         except OSError:
@@ -93,7 +96,9 @@ class Job:
         world = re.search(r"^lockstep_world_size\{[^}]*\} (\S+)", text, re.M)
         steps = [float(v) for v in re.findall(r"^lockstep_rank_step\{[^}]*\} (\S+)", text, re.M)]
         state = re.search(r'^lockstep_up\{[^}]*state="(\w+)"', text, re.M)
-        return (int(float(world.group(1))) if world else 0, steps, state.group(1) if state else "")
+        generation = re.search(r"^lockstep_generation\{[^}]*\} (\S+)", text, re.M)
+        return (int(float(world.group(1))) if world else 0, steps, state.group(1) if state else "",
+                int(float(generation.group(1))) if generation else 0)
 
     def wait_until(self, test, timeout):
         end = time.time() + timeout
@@ -117,34 +122,45 @@ class Job:
         self.log.close()
 
 
-def back_at(step, world):
-    return lambda w, steps, state: state == "running" and w == world and len(steps) == world and min(steps) >= step
+def back_at(step, world, after_generation=0):
+    """The job runs on `world` ranks in a generation after `after_generation`, each past `step`."""
+    return lambda w, steps, state, generation: (state == "running" and w == world and len(steps) == world and
+                                                generation > after_generation and min(steps) >= step)
 
 
-def one_run(build, model, elastic):
+KILL_AT = {"cnn": 30, "resnet18": 12}
+
+
+def one_run(build, model, scenario):
+    """scenario: shrink (elastic, nobody replaces the dead rank, then a new
+    worker grows it back), elastic_replaced or checkpoint_replaced (a
+    replacement started at the kill: the state from a live peer, or from
+    the newest checkpoint)."""
     with tempfile.TemporaryDirectory() as folder:
         job_file, sets = model_sets(model, folder)
-        extra = (["elastic.min_ranks=2", "elastic.replace_wait_s=1"] if elastic
-                 else ["fault.max_restarts=1", "checkpoint.every=20"])
+        every = KILL_AT[model] * 2 // 3  # the kill lands a third of an interval after a checkpoint
+        extra = (["fault.max_restarts=1", f"checkpoint.every={every}"] if scenario == "checkpoint_replaced"
+                 else ["elastic.min_ranks=2", "elastic.replace_wait_s=1"])
         job = Job(build, job_file, sets + extra, folder)
         try:
             for local in range(4):
                 job.start_worker(local)
-            job.wait_until(back_at(30, 4), 300)
+            job.wait_until(back_at(KILL_AT[model], 4), 600)
             victim = job.rank_pid(3)
-            reached = max(job.sample()[1])
+            _, steps, _, generation = job.sample()
+            reached = max(steps)
             killed = time.time()
             os.kill(victim, signal.SIGKILL)
-            if not elastic:
+            if scenario != "shrink":
                 job.start_worker(3)  # a supervisor replaces it at once
-                back = job.wait_until(back_at(reached, 4), 300)
-                return {"restart_s": back - killed}
-            back = job.wait_until(back_at(reached, 2), 300)
+                back = job.wait_until(back_at(reached, 4, generation), 600)
+                return {f"{scenario}_s": back - killed}
+            back = job.wait_until(back_at(reached, 2, generation), 600)
             result = {"shrink_s": back - killed}
-            regroup_from = max(job.sample()[1])
+            _, steps, _, generation = job.sample()
             started = time.time()
             job.start_worker(3)
-            grown = job.wait_until(back_at(regroup_from + 1, 4), 300)
+            grown = job.wait_until(back_at(max(steps) + 1, 4, generation), 600)
             result["grow_s"] = grown - started
             transfers = []
             for name in os.listdir(os.path.join(folder, "runs")):
@@ -168,14 +184,16 @@ def main():
     out = {"benchmark": "elastic", "setup": {
         "machine": "one host, loopback; coordinator and 4 workers as processes", "cores": os.cpu_count(),
         "heartbeat_timeout_s": 3, "microbatches_per_step": 4, "elastic": "min_ranks 2, replace_wait_s 1",
-        "checkpoint_restart": "max_restarts 1, checkpoint.every 20, replacement started at the kill",
+        "kill_at_step": KILL_AT, "checkpoint_every": {m: k * 2 // 3 for m, k in KILL_AT.items()},
+        "replaced": "a replacement started at the kill, for the dead rank's slot (LOCAL_RANK): the "
+                    "coordinator restarts at once instead of after the heartbeat timeout",
         "repetitions": repetitions}, "models": {}}
     for model in models:
-        figures = {"shrink_s": [], "grow_s": [], "state_transfer_s": [], "restart_s": []}
+        figures = {}
         for _ in range(repetitions):
-            for elastic in (True, False):  # side by side within each repetition
-                for key, value in one_run(build, model, elastic).items():
-                    figures[key].append(value)
+            for scenario in ("shrink", "elastic_replaced", "checkpoint_replaced"):  # side by side
+                for key, value in one_run(build, model, scenario).items():
+                    figures.setdefault(key, []).append(value)
         out["models"][model] = {key: summary(values) for key, values in figures.items() if values}
         print(json.dumps(out["models"][model]), file=sys.stderr)
     print(json.dumps(out, indent=2))

@@ -31,3 +31,5 @@ echo "== step time across namespace hosts and capped links (root)" >&2
 "$build/tests/bench/multihost_links" "$repetitions" 60 || echo "multihost_links: skipped or failed (it needs root)" >&2
 echo "== membership at scale: 1,000 to 10,000 simulated workers against a real coordinator" >&2
 "$build/tests/bench/coordinator_scale" 1000,4000,10000 60
+echo "== elastic: seconds lost per shrink and grow, the state from a peer against a checkpoint" >&2
+"$python" "$here/elastic.py" "$build" "$repetitions"

@@ -150,6 +150,11 @@ TEST(KubernetesManifests, AgreeOnWorldSizeRestartsPortsAndFolders) {
   EXPECT_EQ(workers["spec"]["completions"].dump(), world_size);
   EXPECT_EQ(workers["spec"]["parallelism"].dump(), world_size);
   EXPECT_EQ(workers["spec"]["backoffLimit"].dump(), set_value(serve, "fault.max_restarts"));
+  // The elastic range: at least 1, below the world size (a lost pod leaves the job running).
+  const std::string min_ranks = set_value(serve, "elastic.min_ranks");
+  ASSERT_FALSE(min_ranks.empty()) << "the coordinator's command sets elastic.min_ranks";
+  EXPECT_GE(std::stoi(min_ranks), 1);
+  EXPECT_LT(std::stoi(min_ranks), std::stoi(world_size));
   EXPECT_EQ(coordinator["spec"]["backoffLimit"], 0) << "the coordinator is not restarted";
   EXPECT_EQ(workers["spec"]["template"]["spec"]["restartPolicy"], "Never");
   bool bad_input_fails_the_job = false;
@@ -385,6 +390,9 @@ TEST_F(KubernetesTest, ShippedManifestsTrainAndReplaceALostWorkerPod) {
   EXPECT_EQ(workers[0]->wait(30), 0) << workers[0]->output();
   EXPECT_EQ(replaced.wait(30), 0) << replaced.output();
   EXPECT_NE(coordinator.output().find("was replaced"), std::string::npos) << coordinator.output();
+  // The manifests' elastic range: the survivor kept its state in memory and
+  // sent it to the new pod; no checkpoint was read.
+  EXPECT_NE(workers[0]->output().find("Decision: resume_from = memory"), std::string::npos) << workers[0]->output();
   EXPECT_EQ(coordinator.output().find(kToken), std::string::npos) << "the token is never printed";
   EXPECT_NE(workers[0]->output().find("Decision: gloo_address = " + hosts->address("lockstep-workers-0-pod1")),
             std::string::npos) << workers[0]->output();

@@ -428,6 +428,15 @@ TEST_F(ElasticTest, ACutHostShrinksTheJobToTwoRanksAndItsReturnGrowsItBackOnTheS
   EXPECT_EQ(membership[1]["kind"], "regroup");
   TempDir local;
   EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 4, sets));
+  // The audit checks agreement across the changes (each step among the
+  // ranks it had); compare finds the uninterrupted run's bits at every
+  // audited step.
+  auto audit = run_lockstep({"audit", run}, home("coord"), 60);
+  EXPECT_EQ(audit.exit_code, 0) << audit.output;
+  EXPECT_NE(audit.output.find("ranks (2, 4 over the run) agreed"), std::string::npos) << audit.output;
+  auto compare = run_lockstep({"compare", single_run(local.path() + "/runs"), run}, home("coord"), 60);
+  EXPECT_EQ(compare.exit_code, 0) << compare.output;
+  EXPECT_NE(compare.output.find("bit-identical"), std::string::npos) << compare.output;
 }
 
 // SIGKILL of one rank: 3 survivors, but 3 does not divide 4 microbatches:

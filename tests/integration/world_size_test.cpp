@@ -167,6 +167,31 @@ TEST(WorldSizes, AScriptedModelWithDropoutKilledAndRestartedEndsOnTheUninterrupt
       << "the restarted run's parameters and buffers differ from the uninterrupted run's";
 }
 
+// An elastic job on the scripted BatchNorm model: rank 3 of 4 is killed at
+// step 23, mid-step for the others (their forwards have moved BatchNorm's
+// statistics); the survivors keep the state after step 23, buffers put back,
+// the replacement gets it from a live peer, and the run ends on the
+// uninterrupted run's bits without reading a checkpoint.
+TEST(WorldSizes, AnElasticJobKilledMidStepContinuesFromMemoryOnTheUninterruptedBits) {
+  TempDir fixtures;
+  std::vector<std::string> sets = scripted_image_job(fixtures);
+  if (sets.empty()) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  sets.insert(sets.end(), {"data.global_batch=64", "data.microbatch=16", "job.steps=30", "eval.every=0",
+                           "audit.every=10", "job.threads_per_rank=1", "job.world_size=4"});
+  TempDir whole, killed;
+  auto straight = run_lockstep(synthetic_run(whole, 4, sets), whole.path(), 150);
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  sets.insert(sets.end(), {"elastic.min_ranks=2", "test.fail_rank=3", "test.fail_step=23", "test.fail_kind=kill"});
+  auto elastic = run_lockstep(synthetic_run(killed, 4, sets), killed.path(), 170);
+  ASSERT_EQ(elastic.exit_code, 0) << elastic.output;
+  EXPECT_NE(elastic.output.find("Decision: resume_from = memory, step 23"), std::string::npos) << elastic.output;
+  const auto manifest = read_json(single_run(killed.path() + "/runs") + "/manifest.json");
+  ASSERT_EQ(manifest["coordinator"]["membership"].size(), 1u) << manifest.dump(2);
+  EXPECT_EQ(manifest["coordinator"]["membership"][0]["resumed_from_step"], 23);
+  EXPECT_EQ(final_digest_of(killed.path() + "/runs"), final_digest_of(whole.path() + "/runs"))
+      << "the elastic run's parameters and buffers differ from the uninterrupted run's";
+}
+
 // A checkpoint written by 4 ranks resumes on 2, and one written by 1 on 4;
 // both end on the digest of the 4-rank run that never stopped, and
 // `lockstep compare` says so. Against a run that summed in float it names
