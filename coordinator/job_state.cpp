@@ -191,8 +191,18 @@ grpc::Status JobState::report(const v1::ReportRequest& request) {
     return {grpc::StatusCode::INVALID_ARGUMENT,
             "rank " + std::to_string(request.rank()) + ": report metrics_json: " + why};
   std::lock_guard<std::mutex> lock(mutex_);
-  if (from_ended_generation_locked(request.run_id(), request.generation()))
+  if (from_ended_generation_locked(request.run_id(), request.generation())) {
+    // A regroup asked for on the last step: the ranks finished the job
+    // before they could stop for it. The job is done; nothing regroups.
+    if (ended_by_regroup_ && request.generation() == generation_ - 1 && request.success() &&
+        request.stopped_at_step() == 0 && state_ == State::kWaiting) {
+      state_ = State::kCompleted;
+      spdlog::info("coordinator: rank {} of generation {} finished the job before the regroup: run {} completed",
+                   request.rank(), request.generation(), options_.run_id);
+      changed_.notify_all();
+    }
     return grpc::Status::OK;  // that generation is over; its restart is already counted
+  }
   grpc::Status error;
   Worker* w = find_locked(request.run_id(), request.rank(), request.generation(), &error);
   if (!w) return error;

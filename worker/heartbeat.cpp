@@ -29,6 +29,22 @@ bool HeartbeatLoop::stop_requested() {
   return stop_requested_;
 }
 
+bool HeartbeatLoop::regroup_requested() {
+  if (regroup_requested_) return true;
+  v1::HeartbeatRequest request;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    request = latest_;
+  }
+  v1::HeartbeatReply reply;
+  if (client_.heartbeat(request, &reply, std::min(options_.timeout, std::chrono::milliseconds(5000))).ok() &&
+      reply.command() == v1::HeartbeatReply::REGROUP) {
+    spdlog::warn("rank {}: the stop the ranks agreed on is the coordinator's regroup: {}", options_.rank, reply.reason());
+    regroup_requested_ = true;
+  }
+  return regroup_requested_;
+}
+
 void HeartbeatLoop::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -54,7 +54,10 @@ class HeartbeatLoop : public RunObserver {
   void on_skipped_files(int64_t before_training, int64_t in_batches) override;
   void on_skipped_steps(int64_t total) override;
   bool stop_requested() override;
-  bool regroup_requested() override { return regroup_requested_; }
+  // True once the coordinator answered REGROUP. Asked when every rank has
+  // agreed to stop: a peer may have heard REGROUP first and this rank not
+  // yet, so it asks the coordinator then and there.
+  bool regroup_requested() override;
 
   // Stops sending (before the final Report).
   void stop();

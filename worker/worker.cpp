@@ -16,6 +16,7 @@
 #include "lockstep/build_config.h"
 #include "runtime/comm/control_group.h"
 #include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/state_in_memory.h"
 #include "runtime/data/augment.h"
 #include "runtime/data/dataset.h"
 #include "runtime/data/provenance.h"
@@ -89,73 +90,6 @@ void check_folder_shared(ControlGroup& control, const RunFolder& folder, int ran
                      " do not see the marker file rank 0 (" + hosts[0] + ") wrote into " +
                      folder.path() + "; make job.run_dir a folder all hosts mount (NFS, ...), or "
                      "set checkpoint.every = 0");
-}
-
-// An elastic generation's start: the state the survivors hold in memory,
-// after the furthest step any of them finished (a rank that finished one
-// more step than the others holds exactly what they would have: every rank
-// computes the same bits), the same on every rank that holds that step
-// (checked: the checksum), sent from the lowest such rank to every other
-// rank over the control group's Gloo (the data plane, never gRPC) and
-// checked again on arrival. Empty when no rank holds one, or when ranks
-// holding the same step disagree (then the newest checkpoint is read, and
-// a decision says why).
-std::optional<StateInMemory> agree_on_kept_state(ControlGroup& control, std::optional<StateInMemory>& kept,
-                                                 int rank, DecisionLog& decisions, EventWriter& events) {
-  const auto started = std::chrono::steady_clock::now();
-  // What each rank holds: step, content digests, and the checksum of the
-  // bytes it would send (which only the transfer checks: two archives of
-  // the same tensors differ in their serialisation ids).
-  const std::string bytes = kept ? kept->to_bytes() : std::string();
-  const std::string mine = kept ? state_identity(*kept) + " " + checksum_hex(bytes) : "";
-  kept.reset();  // this generation keeps its own, if it ends under it
-  const auto held = control.exchange("kept-state", mine);
-  auto step_of = [](const std::string& entry) { return std::stoll(entry.substr(0, entry.find(' '))); };
-  int source = -1;
-  for (size_t r = 0; r < held.size(); ++r)
-    if (!held[r].empty() && (source < 0 || step_of(held[r]) > step_of(held[size_t(source)]))) source = int(r);
-  if (source < 0) return std::nullopt;
-  std::string holders, receivers, differ;
-  auto identity = [](const std::string& entry) { return entry.substr(0, entry.rfind(' ')); };
-  for (size_t r = 0; r < held.size(); ++r) {
-    const bool same_step = !held[r].empty() && step_of(held[r]) == step_of(held[size_t(source)]);
-    std::string& list = same_step ? holders : receivers;
-    list += (list.empty() ? "" : ", ") + std::to_string(r);
-    if (same_step && identity(held[r]) != identity(held[size_t(source)]))
-      differ += (differ.empty() ? "" : "; ") + std::to_string(r);
-  }
-  if (!differ.empty()) {
-    decisions.record("resume_from", "the newest checkpoint",
-                     "ranks hold the state of step " + std::to_string(step_of(held[size_t(source)])) +
-                         " in memory with different digests (rank " + std::to_string(source) + " against " +
-                         differ + "): they are apart, and no state in memory is trusted",
-                     /*warn=*/true);
-    return std::nullopt;
-  }
-  const std::string expected = held[size_t(source)];
-  const int64_t size = int64_t(rank == source ? bytes.size() : 0);
-  at::Tensor length = torch::tensor({size}, torch::kLong);
-  control.collectives().broadcast(length, source);
-  at::Tensor payload = rank == source ? torch::from_blob(const_cast<char*>(bytes.data()), {int64_t(bytes.size())},
-                                                         torch::kUInt8).clone()
-                                      : torch::empty({length.item<int64_t>()}, torch::kUInt8);
-  control.collectives().broadcast(payload, source);
-  const std::string received(reinterpret_cast<const char*>(payload.data_ptr<uint8_t>()), size_t(payload.numel()));
-  StateInMemory state = StateInMemory::from_bytes(received);
-  if (state_identity(state) + " " + checksum_hex(received) != expected)
-    throw RunError("the state rank " + std::to_string(source) + " sent (step " + std::to_string(state.step) +
-                   ") does not match its checksum on rank " + std::to_string(rank) + ": the transfer corrupted it");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  decisions.record("resume_from", "memory, step " + std::to_string(state.step),
-                   "an elastic generation: rank(s) " + holders + " held the state after step " +
-                       std::to_string(state.step) + " in memory (the same digests on each); rank " +
-                       std::to_string(source) + " sent it (" + fmt::format("{:.1f}", double(received.size()) / 1e6) +
-                       " MB, " + fmt::format("{:.2f}", seconds) + " s) to every rank over the control group" +
-                       (receivers.empty() ? "" : ", for rank(s) " + receivers + " that held none or an older one") +
-                       "; no checkpoint read");
-  events.write({{"event", "state_transfer"}, {"step", state.step}, {"source_rank", source},
-                {"bytes", received.size()}, {"seconds", seconds}, {"receivers", receivers}});
-  return state;
 }
 
 // Everything rank 0 writes into manifest.json; filled in as the run goes.
@@ -408,7 +342,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                      config.audit.every == 0);
     std::optional<StateInMemory> from_memory;
     if (options.restarted && options.elastic && options.kept_state)
-      from_memory = agree_on_kept_state(*control, *options.kept_state, rank, decisions, events);
+      from_memory = state_for_new_generation(*control, *options.kept_state, rank, decisions, events);
     std::optional<FoundCheckpoint> resume;
     if (!from_memory && (!config.checkpoint.resume.empty() || options.restarted))
       resume = choose_checkpoint_to_resume(

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/state_in_memory.h"
 #include "runtime/job/config.h"
 #include "runtime/precision/machine.h"
 #include "runtime/model/models.h"

@@ -44,6 +44,8 @@ std::string archive_bytes(torch::serialize::OutputArchive& archive) {
   return bytes;
 }
 
+}  // namespace
+
 // Parameters and buffers, on the host whatever the device: the state
 // resumes on a CPU or a GPU.
 std::string model_bytes(Model& model) {
@@ -77,8 +79,6 @@ void check_loaded_digest(Model& model, const nlohmann::json& meta, const std::st
                    " have digest " + digest + ", the checkpoint recorded " +
                    meta.value("param_digest", std::string("none")));
 }
-
-}  // namespace
 
 void write_checkpoint(const CheckpointStore& store, int64_t step, nlohmann::json meta, Model& model,
                       const optim::Optimizer& optimizer, int rank, ControlGroup& control, int keep) {
@@ -198,97 +198,6 @@ void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found,
       found.meta.value("device", std::string("cpu")).rfind("cuda", 0) == 0)
     set_generator_state(model.device(), store.read_file(found, "rng-cuda-rank" + std::to_string(rank) + ".bin"));
   check_loaded_digest(model, found.meta, where, rank);
-}
-
-std::string optimizer_digest(const optim::Optimizer& optimizer) {
-  NamedDigests digests;
-  for (size_t s = 0; s < optimizer.state().size(); ++s)
-    for (size_t slot = 0; slot < optimizer.state()[s].size(); ++slot)
-      digests.emplace_back(std::to_string(s) + "/" + std::to_string(slot), digest(optimizer.state()[s][slot]));
-  digests.emplace_back("steps", TensorDigest{0, uint64_t(optimizer.steps_taken()), 0});
-  return combined_hex(digests);
-}
-
-StateInMemory capture_state(int64_t step, nlohmann::json meta, Model& model, const optim::Optimizer& optimizer) {
-  StateInMemory state;
-  state.step = step;
-  meta["step"] = step;
-  meta["param_digest"] = combined_hex(model_digests(model, true));
-  meta["optimizer_digest"] = optimizer_digest(optimizer);
-  meta["ranks"] = 0;  // no rank's generator: every microbatch reseeds
-  state.meta = std::move(meta);
-  state.model = model_bytes(model);
-  const std::vector<uint8_t> bytes = optimizer.save_to_bytes();
-  state.optimizer.assign(bytes.begin(), bytes.end());
-  return state;
-}
-
-std::string state_identity(const StateInMemory& state) {
-  return std::to_string(state.step) + " " + state.meta.value("param_digest", std::string("?")) + " " +
-         state.meta.value("optimizer_digest", std::string("?"));
-}
-
-void load_state(const StateInMemory& state, Model& model, optim::Optimizer& optimizer, int rank) {
-  const std::string where = "the state of step " + std::to_string(state.step) + " held in memory";
-  load_model_bytes(state.model, model, where);
-  optimizer.load_from_bytes(std::vector<uint8_t>(state.optimizer.begin(), state.optimizer.end()));
-  check_loaded_digest(model, state.meta, where, rank);
-  if (const std::string loaded = optimizer_digest(optimizer); loaded != state.meta.value("optimizer_digest", ""))
-    throw RunError(where + ": the optimizer state loaded on rank " + std::to_string(rank) + " has digest " + loaded +
-                   ", the state recorded " + state.meta.value("optimizer_digest", std::string("none")));
-}
-
-namespace {
-
-// Lengths travel as 8 little-endian bytes.
-void put_length(std::string& out, uint64_t n) {
-  for (int i = 0; i < 8; ++i) out.push_back(char((n >> (8 * i)) & 0xff));
-}
-
-uint64_t take_length(const std::string& in, size_t& at) {
-  if (in.size() - at < 8) throw RunError("a state held in memory is cut short (" + std::to_string(in.size()) + " bytes)");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(in[at + size_t(i)])) << (8 * i);
-  at += 8;
-  return n;
-}
-
-std::string take_part(const std::string& in, size_t& at, const char* what) {
-  const uint64_t n = take_length(in, at);
-  if (n > in.size() - at)
-    throw RunError(std::string("a state held in memory says its ") + what + " has " + std::to_string(n) +
-                   " bytes, but " + std::to_string(in.size() - at) + " are left");
-  std::string part = in.substr(at, size_t(n));
-  at += size_t(n);
-  return part;
-}
-
-}  // namespace
-
-std::string StateInMemory::to_bytes() const {
-  std::string out = "lockstep-state-1";
-  const std::string header = meta.dump();
-  for (const std::string* part : {&header, &model, &optimizer}) {
-    put_length(out, part->size());
-    out += *part;
-  }
-  return out;
-}
-
-StateInMemory StateInMemory::from_bytes(const std::string& bytes) {
-  const std::string magic = "lockstep-state-1";
-  if (bytes.compare(0, magic.size(), magic) != 0) throw RunError("not a state held in memory (no lockstep-state-1 header)");
-  size_t at = magic.size();
-  StateInMemory state;
-  const std::string header = take_part(bytes, at, "meta");
-  state.meta = nlohmann::json::parse(header, nullptr, false);
-  if (!state.meta.is_object() || !state.meta.contains("step") || !state.meta["step"].is_number_integer())
-    throw RunError("a state held in memory has no readable meta (an object with an integer step)");
-  state.step = state.meta["step"].get<int64_t>();
-  state.model = take_part(bytes, at, "model");
-  state.optimizer = take_part(bytes, at, "optimizer state");
-  if (at != bytes.size()) throw RunError("a state held in memory has " + std::to_string(bytes.size() - at) + " bytes too many");
-  return state;
 }
 
 }  // namespace lockstep

@@ -43,30 +43,13 @@ std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& conf
 void load_checkpoint(const CheckpointStore& store, const FoundCheckpoint& found, Model& model,
                      optim::Optimizer& optimizer, int rank);
 
-// A rank's training state at a step boundary, held in memory while an
-// elastic job changes its world size: what a checkpoint holds (parameters
-// and buffers, optimizer state, the index's meta with the parameter
-// digest), so that the job goes on from the step it stopped at without
-// reading one. Every microbatch reseeds its random streams, so no rank's
-// generator is needed.
-struct StateInMemory {
-  int64_t step = 0;
-  nlohmann::json meta;              // as a checkpoint's index: step, param_digest, ...
-  std::string model, optimizer;     // model.pt and optimizer.bin, as a checkpoint writes them
-  // One byte string, to travel to a rank that has none (over c10d, never
-  // gRPC), and back: from_bytes checks every length against what it was
-  // given and throws RunError on anything else.
-  std::string to_bytes() const;
-  static StateInMemory from_bytes(const std::string& bytes);
-};
-
-// The state after step `step` (meta as for write_checkpoint).
-StateInMemory capture_state(int64_t step, nlohmann::json meta, Model& model, const optim::Optimizer& optimizer);
-// What a state is, independent of how its bytes were serialised (an archive
-// carries a serialisation id of its own): its step, the digest of its
-// parameters and buffers, and that of its optimizer state.
-std::string state_identity(const StateInMemory& state);
-// Loads it and checks the parameter digest, like load_checkpoint.
-void load_state(const StateInMemory& state, Model& model, optim::Optimizer& optimizer, int rank);
+// The pieces a checkpoint and a state held in memory (state_in_memory.h)
+// share: parameters and buffers as model.pt bytes (on the host whatever
+// the device), loaded back onto the model's device with every name and
+// shape checked (RunError naming `where`), and the check of the loaded
+// parameters' digest against the one recorded in `meta`.
+std::string model_bytes(Model& model);
+void load_model_bytes(const std::string& bytes, Model& model, const std::string& where);
+void check_loaded_digest(Model& model, const nlohmann::json& meta, const std::string& where, int rank);
 
 }  // namespace lockstep

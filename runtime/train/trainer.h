@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/audit/audit.h"
-#include "runtime/checkpoint/checkpoint.h"
+#include "runtime/checkpoint/state_in_memory.h"
 #include "runtime/checkpoint/checkpoint_store.h"
 #include "runtime/comm/control_group.h"
 #include "runtime/job/config.h"

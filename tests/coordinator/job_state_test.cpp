@@ -138,6 +138,17 @@ v1::HeartbeatReply beat_from(JobState& state, int rank, int64_t generation) {
   return reply;
 }
 
+// Rank 0 of generation 1 heartbeats, rank 1 stays silent, and the liveness
+// monitor runs, until the job is no longer running (at most 3 s).
+void rank_zero_beats_until_rank_one_is_lost(JobState& state) {
+  const auto start = Clock::now();
+  while (state.state() == JobState::State::kRunning && Clock::now() - start < std::chrono::seconds(3)) {
+    beat_from(state, 0, 1);
+    state.check_liveness();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 TEST(JobState, LostWorkerStartsANewGenerationThatResumesUntilTheBudgetIsSpent) {
   auto o = options(2);
   o.max_restarts = 1;
@@ -194,12 +205,7 @@ TEST(JobState, ARankDeclaredDeadCountsOnceWhenItsProcessEndsLater) {
   auto b = join_async(state, request("h", 1, 11));
   a.get();
   b.get();
-  const auto start = Clock::now();
-  while (state.state() == JobState::State::kRunning && Clock::now() - start < std::chrono::seconds(3)) {
-    beat_from(state, 0, 1);  // rank 1 stays silent
-    state.check_liveness();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  rank_zero_beats_until_rank_one_is_lost(state);  // rank 1 stays silent
   ASSERT_EQ(state.state(), JobState::State::kWaiting);
   EXPECT_EQ(killed, std::vector<int>{11});
   // The launcher sees the killed process end, and the survivor give up: both
@@ -281,12 +287,7 @@ TEST(JobState, ARankDeclaredLostThatComesBackIsRefused) {
   auto b = join_async(state, request("h", 1, 11));
   a.get();
   b.get();
-  const auto start = Clock::now();
-  while (state.state() == JobState::State::kRunning && Clock::now() - start < std::chrono::seconds(3)) {
-    beat_from(state, 0, 1);  // rank 1 is frozen
-    state.check_liveness();
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  rank_zero_beats_until_rank_one_is_lost(state);  // rank 1 is frozen
   ASSERT_EQ(state.state(), JobState::State::kWaiting);
   EXPECT_EQ(beat_from(state, 0, 1).command(), v1::HeartbeatReply::REJOIN);  // the survivor
   const v1::HeartbeatReply thawed = beat_from(state, 1, 1);
@@ -337,9 +338,9 @@ TEST(JobState, AnElasticJobGoesOnWithFewerRanksAndGrowsBackWhenWorkersJoin) {
   for (int i = 0; i < 3; ++i) survivors.push_back(join_async(state, back_from("h" + std::to_string(i), 0, 10 + i, 1)));
   monitor_until(state, [&] { return state.state() == JobState::State::kRunning; });
   ASSERT_EQ(state.state(), JobState::State::kRunning);
-  int running = 0, standing_by = 0;
-  for (auto& j : survivors) {
-    auto [status, reply] = j.get();
+  int running = 0, standing_by = 0, standby = -1;
+  for (size_t i = 0; i < survivors.size(); ++i) {
+    auto [status, reply] = survivors[i].get();
     if (status.ok()) {
       ++running;
       EXPECT_EQ(reply.world_size(), 2);
@@ -347,6 +348,7 @@ TEST(JobState, AnElasticJobGoesOnWithFewerRanksAndGrowsBackWhenWorkersJoin) {
       EXPECT_TRUE(reply.resume());
     } else {
       ++standing_by;
+      standby = int(i);  // which survivor waits depends on the order they rejoined
       EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
       EXPECT_EQ(status.error_message().rfind("standby:", 0), 0u) << status.error_message();
     }
@@ -364,7 +366,9 @@ TEST(JobState, AnElasticJobGoesOnWithFewerRanksAndGrowsBackWhenWorkersJoin) {
 
   // The standby asks again: 3 would divide nothing, so it waits on.
   v1::JoinReply reply;
-  auto again = state.join(back_from("h2", 0, 12, 1), "p", Clock::now() + std::chrono::seconds(1), &reply);
+  ASSERT_GE(standby, 0);
+  auto again = state.join(back_from("h" + std::to_string(standby), 0, 10 + standby, 1), "p",
+                          Clock::now() + std::chrono::seconds(1), &reply);
   EXPECT_EQ(again.error_code(), grpc::StatusCode::UNAVAILABLE) << again.error_message();
   EXPECT_NE(again.error_message().find("1 more worker"), std::string::npos) << again.error_message();
   // A new worker on the lost host's place: 4 wait, the job regroups to 4.

@@ -110,6 +110,32 @@ class MultiHostTest : public ::testing::Test {
     return nlohmann::json::parse(result.output.substr(result.output.find('{')), nullptr, false);
   }
 
+  // Every rank past `step` (polled for up to 90 s) and the run not near its end.
+  ::testing::AssertionResult reached(int64_t step, int64_t well_before) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+    int64_t least = -1;
+    while ((least = least_step("coord")) < step && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (least < step) return ::testing::AssertionFailure() << "the ranks did not reach step " << step;
+    if (least >= well_before) return ::testing::AssertionFailure() << "the run nearly ended (step " << least << "): make it longer";
+    return ::testing::AssertionSuccess();
+  }
+
+  // A coordinator on host "coord", one worker on each of "w1" and "w2",
+  // and a host "spare" for a replacement; all in the folder `shared`.
+  struct Pair {
+    LockstepProcess& coordinator;
+    LockstepProcess& first;
+    LockstepProcess& second;
+  };
+  Pair start_pair(const std::vector<std::string>& sets, const std::string& shared) {
+    for (const char* host : {"coord", "w1", "w2", "spare"}) hosts->add(host);
+    auto& coordinator = start_coordinator("coord", sets, shared);
+    auto& first = start_worker("w1", 0, {}, shared);
+    auto& second = start_worker("w2", 0, {}, shared);
+    return {coordinator, first, second};
+  }
+
   int64_t least_step(const std::string& host) {
     auto s = status(host);
     if (s.is_null() || s.is_discarded() || s["ranks"].empty()) return -1;
@@ -230,10 +256,6 @@ TEST_F(MultiHostTest, WorkersMayStartBeforeTheCoordinator) {
 }
 
 TEST_F(MultiHostTest, ACutWorkerIsReplacedFromTheCheckpointsOfASharedFolder) {
-  hosts->add("coord");
-  hosts->add("w1");
-  hosts->add("w2");
-  hosts->add("spare");
   // Checkpoints need a folder every host sees: here one folder for all.
   const std::string shared = home("shared");
   auto sets = kJob;
@@ -242,24 +264,17 @@ TEST_F(MultiHostTest, ACutWorkerIsReplacedFromTheCheckpointsOfASharedFolder) {
   sets.insert(sets.end(), {"job.steps=2000", "checkpoint.every=50", "fault.max_restarts=1",
                            "fault.heartbeat_timeout_s=3", "comm.collective_timeout_s=5",
                            "comm.barrier_timeout_s=10", "audit.every=20"});
-  auto& coordinator = start_coordinator("coord", sets, shared);
-  start_worker("w1", 0, {}, shared);
-  auto& lost = start_worker("w2", 0, {}, shared);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  int64_t reached = -1;
-  while ((reached = least_step("coord")) < 60 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_GE(reached, 60) << coordinator.output();
+  auto [coordinator, survivor, lost] = start_pair(sets, shared);
+  ASSERT_TRUE(reached(60, 1500)) << coordinator.output();
 
   const auto cut_at = std::chrono::steady_clock::now();
   hosts->cut("w2");
-  ASSERT_LT(reached, 1500) << "the run nearly ended before the cut: make it longer";
   ASSERT_TRUE(coordinator.wait_for_output("Decision: restart = generation 2", 20)) << coordinator.output();
   const double noticed = std::chrono::duration<double>(std::chrono::steady_clock::now() - cut_at).count();
   EXPECT_LE(noticed, 3.0 + 2.0) << "fault.heartbeat_timeout_s = 3";
   auto& spare = start_worker("spare", 0, {}, shared);  // the cluster's supervisor, by hand
   ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output() << "\n--- the survivor (w1):\n"
-                                      << processes[1]->output() << "\n--- the spare:\n" << spare.output();
+                                      << survivor.output() << "\n--- the spare:\n" << spare.output();
   EXPECT_NE(lost.wait(30), 0) << "the cut-off worker ends by itself: " << lost.output();
 
   auto manifest = read_json(single_run(shared + "/runs") + "/manifest.json");
@@ -274,22 +289,11 @@ TEST_F(MultiHostTest, ACutWorkerIsReplacedFromTheCheckpointsOfASharedFolder) {
 // coordinator ends the generation, it leaves it and rejoins, and a
 // replacement on another host completes the job at the same world size.
 TEST_F(MultiHostTest, ACutLinkWithTheDefaultsIsRecoveredByAReplacementAtTheSameWorldSize) {
-  hosts->add("coord");
-  hosts->add("w1");
-  hosts->add("w2");
-  hosts->add("spare");
   const std::string shared = home("shared");  // a resume reads the run folder
   auto sets = kJob;
   sets.insert(sets.end(), {"job.steps=3000"});
-  auto& coordinator = start_coordinator("coord", sets, shared);
-  auto& survivor = start_worker("w1", 0, {}, shared);
-  auto& lost = start_worker("w2", 0, {}, shared);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  int64_t reached = -1;
-  while ((reached = least_step("coord")) < 60 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_GE(reached, 60) << coordinator.output();
-  ASSERT_LT(reached, 2500) << "the run nearly ended before the cut: make it longer";
+  auto [coordinator, survivor, lost] = start_pair(sets, shared);
+  ASSERT_TRUE(reached(60, 2500)) << coordinator.output();
 
   const auto cut_at = std::chrono::steady_clock::now();
   hosts->cut("w2");
@@ -317,22 +321,11 @@ TEST_F(MultiHostTest, ACutLinkWithTheDefaultsIsRecoveredByAReplacementAtTheSameW
 // survivor leaves its collective, a replacement joins. Thawed, the frozen
 // process is refused with a message, never merged into the new generation.
 TEST_F(MultiHostTest, AFrozenRankIsDeclaredLostAndRefusedWhenItThaws) {
-  hosts->add("coord");
-  hosts->add("w1");
-  hosts->add("w2");
-  hosts->add("spare");
   const std::string shared = home("shared");
   auto sets = kJob;
   sets.insert(sets.end(), {"job.steps=3000", "fault.heartbeat_timeout_s=3", "checkpoint.every=100"});
-  auto& coordinator = start_coordinator("coord", sets, shared);
-  auto& survivor = start_worker("w1", 0, {}, shared);
-  auto& frozen = start_worker("w2", 0, {}, shared);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  int64_t reached = -1;
-  while ((reached = least_step("coord")) < 150 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ASSERT_GE(reached, 150) << coordinator.output();
-  ASSERT_LT(reached, 2500) << "the run nearly ended before the freeze: make it longer";
+  auto [coordinator, survivor, frozen] = start_pair(sets, shared);
+  ASSERT_TRUE(reached(150, 2500)) << coordinator.output();
 
   const auto frozen_at = std::chrono::steady_clock::now();
   frozen.signal(SIGSTOP);
@@ -367,6 +360,21 @@ class ElasticTest : public MultiHostTest {
                              "elastic.min_ranks=2", "elastic.replace_wait_s=2", "audit.every=500"});
     return sets;
   }
+  // The elastic job (`sets`, job.world_size = 4 added) on hosts "a" and "b",
+  // two workers each (processes[1..4]: a0, a1, b0, b1), its coordinator on
+  // "coord"; returns once 4 ranks train past step 100 (false recorded otherwise).
+  LockstepProcess* start_four(std::vector<std::string>& sets) {
+    for (const char* host : {"coord", "a", "b"}) hosts->add(host);
+    sets.push_back("job.world_size=4");
+    auto& coordinator = start_coordinator("coord", sets);
+    for (const auto& host : {"a", "b"})
+      for (int local = 0; local < 2; ++local) start_worker(host, local);
+    if (!wait_for_world(4, 100, 90)) {
+      ADD_FAILURE() << "4 ranks did not get past step 100: " << coordinator.output();
+      return nullptr;
+    }
+    return &coordinator;
+  }
   // Waits until the coordinator's status says `world` ranks run at least `steps` past `after`.
   bool wait_for_world(int world, int64_t after, double timeout_s) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
@@ -385,15 +393,10 @@ class ElasticTest : public MultiHostTest {
 };
 
 TEST_F(ElasticTest, ACutHostShrinksTheJobToTwoRanksAndItsReturnGrowsItBackOnTheSameBits) {
-  hosts->add("coord");
-  hosts->add("a");
-  hosts->add("b");
   auto sets = elastic_job();
-  sets.push_back("job.world_size=4");
-  auto& coordinator = start_coordinator("coord", sets);
-  for (const auto& host : {"a", "b"})
-    for (int local = 0; local < 2; ++local) start_worker(host, local);
-  ASSERT_TRUE(wait_for_world(4, 100, 90)) << coordinator.output();
+  LockstepProcess* started = start_four(sets);
+  ASSERT_NE(started, nullptr);
+  auto& coordinator = *started;
 
   const auto cut_at = std::chrono::steady_clock::now();
   hosts->cut("b");
@@ -442,15 +445,10 @@ TEST_F(ElasticTest, ACutHostShrinksTheJobToTwoRanksAndItsReturnGrowsItBackOnTheS
 // SIGKILL of one rank: 3 survivors, but 3 does not divide 4 microbatches:
 // 2 go on, the third stands by; one new worker makes 4 again.
 TEST_F(ElasticTest, AKilledRankLeavesTwoRanksAndAStandbyAndANewWorkerMakesFourOnTheSameBits) {
-  hosts->add("coord");
-  hosts->add("a");
-  hosts->add("b");
   auto sets = elastic_job();
-  sets.push_back("job.world_size=4");
-  auto& coordinator = start_coordinator("coord", sets);
-  for (const auto& host : {"a", "b"})
-    for (int local = 0; local < 2; ++local) start_worker(host, local);
-  ASSERT_TRUE(wait_for_world(4, 100, 90)) << coordinator.output();
+  LockstepProcess* started = start_four(sets);
+  ASSERT_NE(started, nullptr);
+  auto& coordinator = *started;
   const auto killed_at = std::chrono::steady_clock::now();
   processes[4]->signal(SIGKILL);
   ASSERT_TRUE(wait_for_world(2, 0, 10 + 10 + 30)) << coordinator.output();
@@ -466,6 +464,33 @@ TEST_F(ElasticTest, AKilledRankLeavesTwoRanksAndAStandbyAndANewWorkerMakesFourOn
   ASSERT_EQ(membership.size(), 2u) << manifest["coordinator"].dump(1);
   EXPECT_EQ(membership[0]["world_size"], 2);
   EXPECT_EQ(membership[1]["world_size"], 4);
+  TempDir local;
+  EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 4, sets));
+}
+
+// SIGSTOP of one rank beyond the heartbeat timeout: lost like a dead one,
+// the job goes on with 2; a new worker grows it back to 4; thawed, the
+// frozen process is refused, never merged, and the run keeps its bits.
+TEST_F(ElasticTest, AFrozenRankIsLostTheJobShrinksAndTheThawedProcessIsRefused) {
+  auto sets = elastic_job();
+  LockstepProcess* started = start_four(sets);
+  ASSERT_NE(started, nullptr);
+  auto& coordinator = *started;
+  auto& frozen = *processes[4];
+  const auto frozen_at = std::chrono::steady_clock::now();
+  frozen.signal(SIGSTOP);
+  ASSERT_TRUE(wait_for_world(2, 0, 10 + 10 + 30)) << coordinator.output();
+  const double shrunk = std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen_at).count();
+  EXPECT_LE(shrunk, 10.0 + 10.0) << "on 2 ranks " << shrunk << " s after the freeze";
+  start_worker("b", 1);
+  ASSERT_TRUE(wait_for_world(4, 0, 60)) << coordinator.output();
+  frozen.signal(SIGCONT);
+  EXPECT_EQ(frozen.wait(30), 1) << frozen.output();
+  EXPECT_NE(frozen.output().find("declared lost"), std::string::npos) << frozen.output();
+  ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output();
+  std::printf("elastic, SIGSTOP: on 2 ranks %.1f s after the freeze\n", shrunk);
+  auto manifest = read_json(single_run(home("coord") + "/runs") + "/manifest.json");
+  ASSERT_EQ(manifest["coordinator"]["membership"].size(), 2u) << manifest["coordinator"].dump(1);
   TempDir local;
   EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 4, sets));
 }
