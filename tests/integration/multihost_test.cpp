@@ -356,7 +356,7 @@ class ElasticTest : public MultiHostTest {
  protected:
   std::vector<std::string> elastic_job() const {
     auto sets = kJob;
-    sets.insert(sets.end(), {"job.steps=4000", "data.global_batch=64", "data.microbatch=16",
+    sets.insert(sets.end(), {"job.steps=2000", "data.global_batch=64", "data.microbatch=16",
                              "elastic.min_ranks=2", "elastic.replace_wait_s=2", "audit.every=500"});
     return sets;
   }
