@@ -116,7 +116,7 @@ JobStateOptions job_options(const JobConfig& config, const std::string& run_id) 
   job.max_restarts = int(config.fault.max_restarts);
   job.min_ranks = int(config.elastic.min_ranks);
   job.replace_wait = to_ms(config.elastic.replace_wait_s);
-  job.microbatches = config.data.global_batch / std::max<int64_t>(1, config.data.microbatch);
+  job.microbatches = microbatches_per_step(config);
   job.max_host_losses = int(config.elastic.max_host_losses);
   return job;
 }

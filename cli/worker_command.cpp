@@ -184,7 +184,7 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
   if (reply.world_size() != config.job.world_size) {
     // An elastic job on fewer ranks than its maximum: the same global batch
     // and microbatches, each rank computing more of them.
-    const int64_t k = config.data.global_batch / config.data.microbatch;
+    const int64_t k = microbatches_per_step(config);
     if (!elastic || reply.world_size() < 1 || k % reply.world_size() != 0)
       throw RunError("the coordinator placed this worker in a world of " + std::to_string(reply.world_size()) +
                      " ranks, which job.world_size = " + std::to_string(config.job.world_size) + " and " +

@@ -252,6 +252,9 @@ void resolve_global_batch(JobConfig& config);
 // The decisions of a resolved global batch (where it came from, each
 // rank's microbatches), for a rank that received the resolved settings.
 void describe_global_batch(JobConfig& config);
+// k: the microbatches of one step over all ranks (data.global_batch /
+// data.microbatch, as resolve_global_batch left them).
+int64_t microbatches_per_step(const JobConfig& config);
 
 // A number as the job's messages print it: six significant digits ("0.001", "1e+06").
 std::string format_number(double x);

@@ -205,9 +205,13 @@ void resolve_global_batch(JobConfig& config) {
   }
 }
 
+int64_t microbatches_per_step(const JobConfig& config) {
+  return config.data.global_batch / std::max<int64_t>(1, config.data.microbatch);
+}
+
 void describe_global_batch(JobConfig& config) {
   const DataSection& data = config.data;
-  const int64_t world = config.job.world_size, k = data.global_batch / std::max<int64_t>(1, data.microbatch);
+  const int64_t world = config.job.world_size, k = microbatches_per_step(config);
   auto record = [&](const std::string& what, const std::string& value, const std::string& reason) {
     config.decisions.push_back(ConfigDecision{what, value, reason});
   };

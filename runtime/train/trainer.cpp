@@ -55,7 +55,7 @@ ReducerOptions reducer_options(const JobConfig& config) {
   options.overlap = comm.overlap;
   options.error_on_unused = comm.unused_parameters == "error";
   options.exact = comm.summation == "exact";
-  options.microbatches_per_step = config.data.global_batch / std::max<int64_t>(1, config.data.microbatch);
+  options.microbatches_per_step = microbatches_per_step(config);
   return options;
 }
 
@@ -87,6 +87,9 @@ class StepLoop {
   nlohmann::json state_meta(double lr, int64_t microbatches_done, int64_t epoch) const;
   // A checkpoint or a state in memory to continue from, loaded: the step, the data position.
   void resume_from(const nlohmann::json& meta, int64_t step, const std::string& from);
+  // Into parts_.keep_state (when asked for): the state after the last
+  // finished step, buffers as that step left them.
+  void keep_state_at_boundary();
   // Says where the resumed checkpoint was written and where it continues.
   void record_checkpoint_device(const std::string& written_on);
   TrainingResult finish();
@@ -283,6 +286,13 @@ void StepLoop::resume_from(const nlohmann::json& meta, int64_t step, const std::
   parts_.events.write({{"event", "resumed"}, {"step", first_step_}, {"folder", from}});
 }
 
+void StepLoop::keep_state_at_boundary() {
+  if (!parts_.keep_state) return;
+  buffers_->abandon_step();  // the forwards of a step in flight moved them
+  *parts_.keep_state = capture_state(boundary_step_, state_meta(boundary_lr_, boundary_microbatches_, boundary_epoch_),
+                                     model_, *optimizer_);
+}
+
 TrainingResult StepLoop::run() {
   try {
     return run_steps();
@@ -294,11 +304,7 @@ TrainingResult StepLoop::run() {
     // A collective that failed (a lost peer) or a generation the coordinator
     // ended: the parameters and optimizer state are those of the last step
     // boundary, which an elastic job continues from without a checkpoint.
-    if (parts_.keep_state) {
-      buffers_->abandon_step();  // the forwards of the step in flight moved them
-      *parts_.keep_state = capture_state(boundary_step_, state_meta(boundary_lr_, boundary_microbatches_, boundary_epoch_),
-                                         model_, *optimizer_);
-    }
+    keep_state_at_boundary();
     throw;
   }
 }
@@ -586,10 +592,7 @@ TrainingResult StepLoop::stopped() {
   finish_audit();
   result_.stopped_at_step = result_.steps;
   if (parts_.observer && parts_.observer->regroup_requested()) {
-    // Not the end of the run: the next generation continues from here.
-    if (parts_.keep_state)
-      *parts_.keep_state = capture_state(result_.steps, state_meta(boundary_lr_, microbatches_done_, last_epoch_),
-                                         model_, *optimizer_);
+    keep_state_at_boundary();  // not the end of the run: the next generation continues from here
     parts_.events.write({{"event", "regroup"}, {"step", result_.steps}});
     return result_;
   }
