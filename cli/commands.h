@@ -50,6 +50,12 @@ int audit_command(const std::string& run_dir, bool json);
 // `lockstep compare RUN_A RUN_B`: 0 bit-identical, 1 different, 2 unreadable.
 int compare_command(const std::string& run_a, const std::string& run_b, bool json);
 
+// `lockstep verify RUN_DIR [--steps A:B]`: replays the steps on this
+// machine on one rank and compares them with the run's step evidence: 0
+// every digest equal, 1 one differs (the first is named: step, microbatch,
+// rank) or the evidence is incomplete, 2 bad input.
+int verify_command(const std::string& run_dir, const std::string& steps, bool json);
+
 // lockstep probe: the table of what each precision costs here, cached per
 // machine fingerprint (--force measures again). With --candidate
 // DEVICE:DTYPE: measure that one in this process and print JSON rows (what

@@ -99,6 +99,14 @@ int main(int argc, char** argv) {
   compare->add_option("runs", compared, "two run folders, runs/<run-id>")->required()->expected(2);
   compare->add_flag("--json", json, "print JSON for scripts");
 
+  std::string verify_steps;
+  auto* verify = app.add_subcommand("verify", "offline: replay a run's steps on this machine (one rank, from "
+                                              "the nearest checkpoint) and check every microbatch's gradient and "
+                                              "every step's state against the run's evidence");
+  verify->add_option("run_dir", run_dir, "the run folder, runs/<run-id>")->required();
+  verify->add_option("--steps", verify_steps, "A:B, the steps to check (default: every recorded step)");
+  verify->add_flag("--json", json, "print JSON for scripts");
+
   std::string candidate;
   bool force = false;
   auto* probe = app.add_subcommand("probe", "measure fp32, bf16 and fp16 on this machine's "
@@ -147,6 +155,7 @@ int main(int argc, char** argv) {
     if (status->parsed()) return status_command(connection, run_dir, json, watch);
     if (audit->parsed()) return audit_command(run_dir, json);
     if (compare->parsed()) return compare_command(compared[0], compared[1], json);
+    if (verify->parsed()) return verify_command(run_dir, verify_steps, json);
     if (probe->parsed()) return probe_command(candidate, force, json);
     if (config->parsed()) return config_command(job_file, overrides, json);
     if (keys->parsed()) return keys_command(json);

@@ -16,6 +16,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/audit/cross_check.h"
 #include "runtime/base/errors.h"
 #include "runtime/run/generation.h"
 #include "runtime/run/run_folder.h"
@@ -115,26 +116,34 @@ grpc::Status join_when_reachable(CoordinatorClient& client, const ConnectionFlag
 // differently here, or not at all) sends this rank's files there, so that
 // the coordinator's folder holds the whole run: manifest, evidence, events.
 // Gives up at the first file the coordinator does not take within `deadline`.
+// The step evidence this process wrote, one file per generation it was a
+// rank in (rank, file name): sent with the files of its last.
+std::vector<std::pair<int, std::string>>& evidence_written() {
+  static std::vector<std::pair<int, std::string>> files;
+  return files;
+}
+
 void send_run_files(CoordinatorClient& client, const v1::JoinReply& reply, const JobConfig& config,
                     milliseconds deadline) {
   const RunFolder folder(config.job.run_dir, reply.run_id());
   std::ifstream marker(folder.file(".coordinator"));
   std::string seen((std::istreambuf_iterator<char>(marker)), std::istreambuf_iterator<char>());
   if (seen == reply.folder_marker()) return;  // one folder: nothing to send
-  std::vector<std::string> names = {"events-rank" + std::to_string(reply.rank()) + ".jsonl",
-                                    "audit-rank" + std::to_string(reply.rank()) + ".jsonl"};
-  if (reply.rank() == 0) names.insert(names.end(), {"manifest.json", "model-final.pt"});
+  std::vector<std::pair<int, std::string>> names = {{reply.rank(), "events-rank" + std::to_string(reply.rank()) + ".jsonl"},
+                                                    {reply.rank(), "audit-rank" + std::to_string(reply.rank()) + ".jsonl"}};
+  names.insert(names.end(), evidence_written().begin(), evidence_written().end());
+  if (reply.rank() == 0) names.insert(names.end(), {{0, "manifest.json"}, {0, "model-final.pt"}});
   // TensorBoard's files too, so that `tensorboard --logdir` and `lockstep
   // report` on the coordinator's folder see every rank.
   const std::string board = "tensorboard/rank" + std::to_string(reply.rank());
   std::error_code listing;
   for (const auto& entry : std::filesystem::directory_iterator(folder.file(board), listing))
     if (entry.is_regular_file() && entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
-      names.push_back(board + "/" + entry.path().filename().string());
+      names.push_back({reply.rank(), board + "/" + entry.path().filename().string()});
   std::string sent;
-  for (const auto& name : names) {
+  for (const auto& [rank, name] : names) {
     if (!std::filesystem::exists(folder.file(name))) continue;
-    grpc::Status status = client.put_file(reply.run_id(), reply.rank(), name, folder.file(name), deadline);
+    grpc::Status status = client.put_file(reply.run_id(), rank, name, folder.file(name), deadline);
     if (!status.ok()) {
       spdlog::warn("could not send {} to the coordinator ({}); it and the rest stay in {}", name,
                    describe(status), folder.path());
@@ -175,6 +184,7 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
     throw RunError(message);
   }
   start_new_generation();
+  evidence_written().push_back({reply.rank(), step_evidence_file(reply.generation(), reply.rank())});
   // The generation, as torchrun tells its workers (and for test.fail_generations).
   const std::string restart_count = std::to_string(reply.generation() - 1);
   ::setenv("TORCHELASTIC_RESTART_COUNT", restart_count.c_str(), 1);
@@ -245,6 +255,24 @@ int64_t run_one_generation(CoordinatorClient& client, const ConnectionFlags& con
     spdlog::warn("rank {}: {}; joining the next generation", reply.rank(), e.what());
     heartbeat.stop();
     return reply.generation();
+  } catch (const MiscomputeExcluded& e) {
+    // Every rank found it: each asks the coordinator to exclude the host
+    // (the first ask counts), then rejoins with the state before the step.
+    // A worker on that host is refused when it rejoins: its files go to
+    // the coordinator first, the evidence of the steps it did compute.
+    send_run_files(client, reply, config, milliseconds(5000));
+    report.set_success(false);
+    report.set_error(e.what());
+    report.set_exclude_host(e.host);
+    if (auto sent = client.report(report, milliseconds(10000)); !sent.ok())
+      spdlog::warn("could not ask the coordinator to exclude {}: {}", e.host, describe(sent));
+    if (heartbeat.wait_for_generation_end(ms_of(config.fault.heartbeat_timeout_s + 2))) {
+      heartbeat.stop();
+      spdlog::warn("rank {}: host {} is excluded; joining the next generation", reply.rank(), e.host);
+      return reply.generation();
+    }
+    heartbeat.stop();
+    throw;
   } catch (const std::exception& e) {
     const bool peer_may_be_lost = dynamic_cast<const CollectiveFailed*>(&e) ||  // a barrier timeout too
                                   !(dynamic_cast<const RunError*>(&e) || dynamic_cast<const InputError*>(&e));

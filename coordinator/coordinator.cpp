@@ -41,13 +41,20 @@ grpc::Status receive_file_chunk(const std::string& folder, int world_size, const
                            name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-",
                                                   board.size()) == std::string::npos &&
                            name.find("..", board.size()) == std::string::npos;
+  // Step evidence: step-evidence-g<generation>-rank<N>.jsonl.
+  const std::string evidence = "step-evidence-g";
+  const bool step_evidence = name.size() > evidence.size() + suffix.size() &&
+                             name.size() <= evidence.size() + suffix.size() + 12 &&
+                             name.compare(0, evidence.size(), evidence) == 0 &&
+                             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+                             name.find_first_not_of("0123456789", evidence.size()) == name.size() - suffix.size();
   const bool allowed = rank >= 0 && rank < world_size &&
-                       (name == "events" + suffix || name == "audit" + suffix || tensorboard ||
+                       (name == "events" + suffix || name == "audit" + suffix || tensorboard || step_evidence ||
                         (rank == 0 && (name == "manifest.json" || name == "model-final.pt")));
   if (!allowed)
     return {grpc::StatusCode::INVALID_ARGUMENT,
             "rank " + std::to_string(rank) + " may not send '" + name + "' (allowed: events" + suffix +
-                ", audit" + suffix + ", " + board + "*" + (rank == 0 ? ", manifest.json, model-final.pt" : "") + ")"};
+                ", audit" + suffix + ", step-evidence-g<G>" + suffix + ", " + board + "*" + (rank == 0 ? ", manifest.json, model-final.pt" : "") + ")"};
   if (chunk.data().size() > (256u << 10))
     return {grpc::StatusCode::INVALID_ARGUMENT, "a chunk carries at most 256 KiB"};
   // Chunks arrive in order into a partial file, renamed into place with the last.

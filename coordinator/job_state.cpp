@@ -206,6 +206,16 @@ grpc::Status JobState::report(const v1::ReportRequest& request) {
   grpc::Status error;
   Worker* w = find_locked(request.run_id(), request.rank(), request.generation(), &error);
   if (!w) return error;
+  if (!request.success() && !request.exclude_host().empty()) {
+    // Only a host of this job, named by one of its ranks: checked before it counts.
+    const bool ours = std::any_of(workers_.begin(), workers_.end(),
+                                  [&](const Worker& x) { return x.host == request.exclude_host(); });
+    if (!ours || request.exclude_host().size() > 255)
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              "rank " + std::to_string(request.rank()) + ": exclude_host names no host of this generation"};
+    if (state_ == State::kRunning) exclude_host_locked(request.exclude_host(), request.error(), w->rank);
+    return grpc::Status::OK;
+  }
   w->metrics = std::move(metrics);
   if (request.success() && request.stopped_at_step() > 0) {
     if (stop_reason_.empty())  // the ranks agreed among themselves

@@ -187,6 +187,9 @@ class JobState {
   // A worker is lost: a new generation while fault.max_restarts allows,
   // else the job fails with `reason`.
   void restart_or_fail_locked(const std::string& reason, int dead_rank);
+  // A host whose rank computed wrong (audit.on_miscompute = exclude): lost
+  // for good, the generation ends, the job goes on without it.
+  void exclude_host_locked(const std::string& host, const std::string& reason, int rank);
   bool rendezvous_expired_locked(Clock::time_point now) const;
   // A call from a rank of a generation that ended in a restart.
   bool from_ended_generation_locked(const std::string& run_id, int64_t generation) const;
@@ -225,6 +228,7 @@ class JobState {
   int64_t step_at_end_ = 0;             // the furthest step its ranks had reported
   std::set<std::pair<std::string, int>> awaited_;  // its live processes (host, pid), until they rejoin
   std::map<std::string, int> host_losses_;         // ranks lost per host
+  std::map<std::string, std::string> excluded_hosts_;  // host -> why (a miscompute)
   std::map<std::pair<std::string, int>, Clock::time_point> standbys_;  // told to stand by; last asked
   std::set<int> standby_orders_;        // join orders left out of a starting generation
   nlohmann::json membership_ = nlohmann::json::array();  // every generation after the first

@@ -84,6 +84,9 @@ grpc::Status JobState::join(const v1::JoinRequest& request, const std::string& p
     return {grpc::StatusCode::NOT_FOUND,
             "unknown run id '" + request.run_id() + "': this coordinator runs '" +
                 options_.run_id + "'"};
+  if (auto excluded = excluded_hosts_.find(request.hostname()); excluded != excluded_hosts_.end())
+    return {grpc::StatusCode::ABORTED, "host " + request.hostname() + " was excluded from this job: " +
+                                           excluded->second + "; the job goes on without it"};
   // A new process from a host lost that often is refused; one that survived
   // on it (it rejoins from its own process) is not lost.
   if (auto lost = host_losses_.find(request.hostname()); request.previous_generation() == 0 &&

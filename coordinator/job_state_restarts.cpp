@@ -55,6 +55,24 @@ void JobState::restart_or_fail_locked(const std::string& reason, int dead_rank) 
   changed_.notify_all();
 }
 
+void JobState::exclude_host_locked(const std::string& host, const std::string& reason, int rank) {
+  const std::string line = reason.substr(0, std::min(reason.find('\n'), size_t(2000)));
+  if (!elastic()) {  // refused at the start; a worker of another version could still ask
+    fail_locked("host " + host + " computed wrong and audit.on_miscompute = exclude needs an elastic job: " + line);
+    return;
+  }
+  excluded_hosts_[host] = line;
+  spdlog::warn("Decision: exclude = {} (rank {} reported: {}; its ranks are lost and its workers refused from "
+               "now on, the job goes on without it)", host, rank, line);
+  int owner = -1;
+  for (auto& w : workers_)
+    if (w.host == host && w.state == "running") {
+      declare_lost_locked(w, "host " + host + " excluded: it computed wrong");
+      if (owner < 0) owner = w.rank;
+    }
+  restart_or_fail_locked("host " + host + " excluded (audit.on_miscompute = exclude): " + line, owner);
+}
+
 void JobState::end_generation_locked(const std::string& reason, bool regroup) {
   earlier_generations_.push_back({{"generation", generation_}, {"workers", workers_json_locked()}});
   step_at_end_ = 0;

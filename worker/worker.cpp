@@ -29,7 +29,10 @@
 #include "runtime/train/phase_timer.h"
 #include "runtime/run/run_folder.h"
 #include "runtime/run/tensorboard.h"
+#include "runtime/audit/arithmetic_probe.h"
 #include "runtime/audit/seeding.h"
+#include "runtime/audit/step_evidence.h"
+#include "runtime/precision/probe.h"
 #include "runtime/startup/model_checks.h"
 #include "runtime/train/trainer.h"
 
@@ -230,6 +233,7 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                      {"job_file", config.job_file},
                      {"config", to_json(config)},
                      {"config_sources", config.sources},
+                     {"settings", effective_settings(config)},
                      {"world_size", world},
                      {"generation", options.generation},
                      {"ranks", ranks},
@@ -261,7 +265,22 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
   events.mirror_to(&tensorboard);
   int64_t steps_done = 0;  // optimizer steps this rank finished, the resumed ones included
 
+  // Each rank's host name (the exchange says "host pid N"): for the
+  // messages that name a rank's machine.
+  std::vector<std::string> host_names;
+  for (const auto& h : hosts) host_names.push_back(h.substr(0, h.find(" pid ")));
+
   try {
+    // The arithmetic probe: a rank whose processor computes a fixed
+    // workload wrong is refused before it trains anything.
+    nlohmann::json kernels = machine_fingerprint();
+    kernels.erase("cores");
+    kernels.erase("lockstep");
+    if (!device.is_cuda()) kernels.erase("gpus");
+    kernels["device"] = device.str();
+    kernels["threads"] = machine.intra_op_threads;
+    const ProbeResult probe = run_arithmetic_probe(device, config.test.probe_fault_rank == rank);
+    check_arithmetic(*control, probe, kernels.dump(), hosts, decisions);
     // Seeding, first half: the same init on every rank, checked.
     seed_everything(uint64_t(config.job.seed));
     std::shared_ptr<Model> model = registry.build(config.model);
@@ -313,7 +332,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                                 {"loss", config.loss.name}};
       manifest.body["seeds"] = {{"init", config.job.seed},
                                 {"train_seed_rule", config.test.no_reseed ? "seed" : "per microbatch: (seed, step, microbatch)"}};
-      manifest.body["checks"] = {{"init_parameters_identical", true},
+      manifest.body["checks"] = {{"arithmetic_probe", "agreed"},
+                                 {"init_parameters_identical", true},
                                  {"init_param_digest", init_digest},
                                  {"random_streams_distinct", streams.all_distinct},
                                  {"dropout_mask_hashes", probes}};
@@ -322,6 +342,18 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     }
 
     EventWriter audit_evidence(folder.file("audit-rank" + std::to_string(rank) + ".jsonl"));
+    // Each microbatch's gradient digest and each step's state, for
+    // `lockstep verify` (exact summation: a microbatch's own gradient).
+    std::optional<EventWriter> step_evidence_file_writer;
+    std::optional<EvidenceRecorder> recorder;
+    StepEvidence* evidence = options.replay;
+    if (!evidence && config.comm.summation == "exact") {
+      step_evidence_file_writer.emplace(folder.file(step_evidence_file(options.generation, rank)));
+      recorder.emplace(*step_evidence_file_writer,
+                       EvidenceRecorder::Where{rank, world, options.generation, host_names[size_t(rank)],
+                                               machine.intra_op_threads});
+      evidence = &*recorder;
+    }
     AuditSection audit_options = config.audit;
     if (config.comm.buffers == "local" && audit_options.buffers == "check" && !model->buffers().empty()) {
       audit_options.buffers = "ignore";
@@ -347,7 +379,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     if (!from_memory && (!config.checkpoint.resume.empty() || options.restarted))
       resume = choose_checkpoint_to_resume(
           config, config.checkpoint.resume.empty() ? folder.path() : config.checkpoint.resume,
-          options.restarted && config.checkpoint.resume.empty(), world, *control, decisions);
+          options.restarted && config.checkpoint.resume.empty(), world, *control, decisions,
+          options.resume_at_most);
     if (options.observer) {
       options.observer->on_skipped_files(int64_t(data.bad_files.size()), 0);
       options.observer->on_phase("train");
@@ -361,7 +394,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
                                                from_memory ? &*from_memory : nullptr,
                                                options.elastic ? options.kept_state : nullptr, &steps_done,
                                                machine.precision,
-                                               eval_precision.empty() ? machine.precision : eval_precision});
+                                               eval_precision.empty() ? machine.precision : eval_precision,
+                                               evidence, host_names});
     if (result.stopped_at_step > 0 && options.observer && options.observer->regroup_requested()) {
       // An elastic job grows: every rank stopped after the same step and
       // keeps its state; the next generation goes on from there.

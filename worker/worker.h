@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/audit/step_evidence.h"
 #include "runtime/checkpoint/state_in_memory.h"
 #include "runtime/job/config.h"
 #include "runtime/precision/machine.h"
@@ -35,6 +36,10 @@ struct WorkerOptions {
   // This host's own settings, read from its environment by the command front.
   CpuBudget cpu;                   // what this process may use of the CPUs
   std::string gloo_socket_ifname;  // GLOO_SOCKET_IFNAME ("" = unset)
+  // `lockstep verify`: the replay's check of a run's evidence instead of
+  // recording this run's, and the newest checkpoint it may start from.
+  StepEvidence* replay = nullptr;
+  int64_t resume_at_most = INT64_MAX;
 };
 
 // What a rank reports at the end.

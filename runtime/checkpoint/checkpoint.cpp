@@ -106,11 +106,11 @@ void write_checkpoint(const CheckpointStore& store, int64_t step, nlohmann::json
 std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& config,
                                                            const std::string& dir, bool restarted,
                                                            int world_size, ControlGroup& control,
-                                                           DecisionLog& decisions) {
+                                                           DecisionLog& decisions, int64_t at_most) {
   const std::string what = restarted ? "the restart" : "--resume " + dir;
   CheckpointStore store(dir + "/checkpoints");
   std::vector<std::string> rejected;
-  std::optional<FoundCheckpoint> found = store.newest_valid(&rejected);
+  std::optional<FoundCheckpoint> found = store.newest_valid(&rejected, at_most);
   std::string refused;
   for (const auto& r : rejected) refused += (refused.empty() ? "" : "; ") + r;
   if (!found && !restarted)

@@ -36,7 +36,8 @@ std::optional<FoundCheckpoint> choose_checkpoint_to_resume(const JobConfig& conf
                                                            const std::string& run_dir,
                                                            bool restarted, int world_size,
                                                            ControlGroup& control,
-                                                           DecisionLog& decisions);
+                                                           DecisionLog& decisions,
+                                                           int64_t at_most = INT64_MAX);
 
 // Loads a checkpoint's parameters, buffers, optimizer state and this rank's
 // random stream, then checks the parameter digest against the checkpoint's.

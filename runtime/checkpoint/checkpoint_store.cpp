@@ -168,9 +168,11 @@ std::string CheckpointStore::verify(int64_t step, nlohmann::json* index) const {
   return "";
 }
 
-std::optional<FoundCheckpoint> CheckpointStore::newest_valid(std::vector<std::string>* rejected) const {
+std::optional<FoundCheckpoint> CheckpointStore::newest_valid(std::vector<std::string>* rejected,
+                                                             int64_t at_most) const {
   std::vector<int64_t> all = steps();
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (*it > at_most) continue;
     nlohmann::json index;
     const std::string problem = verify(*it, &index);
     if (problem.empty()) return FoundCheckpoint{*it, step_folder(*it), index["meta"]};

@@ -44,7 +44,9 @@ class CheckpointStore {
 
   // The newest complete checkpoint whose files all verify. Each newer one
   // that does not verify is added to `rejected`, naming the file and why.
-  std::optional<FoundCheckpoint> newest_valid(std::vector<std::string>* rejected) const;
+  // With `at_most`: the newest of those at or before that step.
+  std::optional<FoundCheckpoint> newest_valid(std::vector<std::string>* rejected,
+                                              int64_t at_most = INT64_MAX) const;
   // The contents of a file of a found checkpoint, checked (size, checksum)
   // against its index; throws RunError naming the file otherwise.
   std::string read_file(const FoundCheckpoint& found, const std::string& name) const;

@@ -56,6 +56,15 @@ TorchrunEnv TorchrunEnv::from_environment() {
   return env;
 }
 
+RendezvousResult SingleProcessRendezvous::join(std::chrono::milliseconds timeout) {
+  RendezvousResult result;
+  result.store_host = "127.0.0.1";
+  result.store = open_tcp_store(result.store_host, 0, /*is_server=*/true, 1, timeout);
+  result.store_port = store_port(result.store);
+  result.description = "one process alone, its own TCPStore at 127.0.0.1:" + std::to_string(result.store_port);
+  return result;
+}
+
 RendezvousResult TorchrunRendezvous::join(std::chrono::milliseconds timeout) {
   RendezvousResult result;
   result.rank = env_.rank;

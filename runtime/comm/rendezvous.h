@@ -57,4 +57,11 @@ class TorchrunRendezvous : public Rendezvous {
   TorchrunEnv env_;
 };
 
+// One process alone (world size 1): it hosts its own store on
+// 127.0.0.1, on a port the system picks. For a replay on this machine.
+class SingleProcessRendezvous : public Rendezvous {
+ public:
+  RendezvousResult join(std::chrono::milliseconds timeout) override;
+};
+
 }  // namespace lockstep

@@ -11,6 +11,7 @@ BatchStream::BatchStream(const Dataset& data, int rank, int world_size, uint64_t
                          int64_t global_batch, int64_t microbatch, int prefetch, int64_t first_step,
                          const Augmenter* augmenter, bool pin_memory)
     : data_(data), sampler_(data.size(), seed, global_batch, microbatch),
+      lookup_sampler_(data.size(), seed, global_batch, microbatch),
       per_rank_(sampler_.microbatches_per_step() / world_size), first_index_(rank * per_rank_),
       step_(first_step), augmenter_(augmenter), prefetch_(prefetch), pin_memory_(pin_memory) {
   if (per_rank_ * world_size != sampler_.microbatches_per_step())
@@ -62,15 +63,24 @@ Batch BatchStream::next() {
 Batch BatchStream::assemble() {
   const int64_t step = step_, j = first_index_ + local_;
   if (++local_ == per_rank_) local_ = 0, ++step_;
-  const std::vector<int64_t> indices = sampler_.microbatch(step, j);
+  return build(sampler_, step, j);
+}
+
+Batch BatchStream::assemble_at(int64_t step, int64_t j) {
+  Batch batch = build(lookup_sampler_, step, j);
+  return batch;
+}
+
+Batch BatchStream::build(GlobalBatchSampler& sampler, int64_t step, int64_t j) const {
+  const std::vector<int64_t> indices = sampler.microbatch(step, j);
   const at::Tensor rows = torch::tensor(indices, torch::kInt64);
   std::vector<int64_t> unreadable;
   at::Tensor inputs = data_.input_rows(rows, &unreadable);
   if (augmenter_ && augmenter_->active())
-    inputs = augmenter_->apply(inputs, step * sampler_.microbatches_per_step() + j);
+    inputs = augmenter_->apply(inputs, step * sampler.microbatches_per_step() + j);
   at::Tensor targets = data_.target_rows(rows, unreadable);
   if (pin_memory_) inputs = inputs.pin_memory(), targets = targets.pin_memory();
-  return Batch{inputs, targets, sampler_.epoch_of(step), step, j};
+  return Batch{inputs, targets, sampler.epoch_of(step), step, j};
 }
 
 }  // namespace lockstep

@@ -44,16 +44,22 @@ class BatchStream {
   BatchStream& operator=(const BatchStream&) = delete;
   // The next batch; rethrows a failure of the background thread.
   Batch next();
+  // Microbatch j of step `step` (0-based), whichever rank's it is, built
+  // now on the calling thread (a rank recomputing another's, to check it).
+  // Only from the thread that calls next().
+  Batch assemble_at(int64_t step, int64_t j);
   // Optimizer steps per epoch (floor of samples / global batch).
   int64_t steps_per_epoch() const { return sampler_.steps_per_epoch(); }
 
  private:
   Batch assemble();  // the next batch, on whichever thread asks
+  Batch build(GlobalBatchSampler& sampler, int64_t step, int64_t j) const;
   void produce();    // the background thread
 
 
   const Dataset& data_;
   GlobalBatchSampler sampler_;
+  GlobalBatchSampler lookup_sampler_;  // assemble_at's: the producer thread owns sampler_
   int64_t per_rank_;        // microbatches of a step on this rank: k / W
   int64_t first_index_;     // this rank's first microbatch of a step: r * k / W
   int64_t step_ = 0, local_ = 0;  // of the next batch assembled

@@ -132,6 +132,12 @@ struct AuditSection {
   int64_t every = 10;             // steps between audits (also the first and last step); 0 = off
   std::string policy = "warn";    // on a mismatch: warn | fail | resync
   std::string buffers = "check";  // buffers: check (like parameters) | sync (from rank 0) | ignore
+  // Steps between cross-checks: each rank recomputes a microbatch another
+  // rank computed in that step and compares the digests of its gradient
+  // and loss (0 = off). 100: about 1 / (100 x microbatches per rank) more
+  // compute, measured by tests/bench/verify_cost.py.
+  int64_t verify_every = 100;
+  std::string on_miscompute = "fail";  // a cross-check that differs: warn | fail | exclude (the owner's host)
 };
 
 struct CheckpointSection {
@@ -166,7 +172,7 @@ struct FaultSection {
 
 // One parsed item of fault.inject.
 struct InjectedFault {
-  std::string kind;    // perturb | double_scale | inf_grad
+  std::string kind;    // perturb | double_scale | inf_grad | bitflip_grad
   std::string tensor;  // a parameter name, e.g. fc2.bias
   int64_t rank = 0;
   int64_t step = 0;    // 1-based optimizer step
@@ -203,6 +209,7 @@ struct TestSection {
   int64_t fail_step = -1;
   std::string fail_kind = "exit";  // ... by exiting (status 3) | kill (SIGKILL) | nan_loss
   int64_t fail_generations = 1;    // ... in this many generations of a restarted run
+  int64_t probe_fault_rank = -1;   // this rank's arithmetic probe gets one bit wrong
 };
 
 // A choice made while reading the configuration (the command line's

@@ -24,8 +24,16 @@ void validate(const JobConfig& config) {
   };
   rank_key("test.hold_rank", config.test.hold_rank);
   rank_key("test.fail_rank", config.test.fail_rank);
+  rank_key("test.probe_fault_rank", config.test.probe_fault_rank);
   for (const auto& fault : parse_injected_faults(config.fault.inject))
     rank_key("fault.inject", fault.rank);
+  // Excluding a host that computed wrong is a shrink: an elastic range must allow one.
+  if (config.audit.on_miscompute == "exclude" && config.audit.verify_every > 0 &&
+      (config.elastic.min_ranks <= 0 || config.elastic.min_ranks >= job.world_size))
+    throw InputError("audit.on_miscompute = exclude drops the host of a rank that computed wrong and goes on "
+                     "with fewer ranks: set elastic.min_ranks below job.world_size = " +
+                     std::to_string(job.world_size) + " (now " + std::to_string(config.elastic.min_ranks) +
+                     "), or choose audit.on_miscompute = fail or warn");
   // Periods and timeouts shorter than a millisecond (0.001 s) are refused by
   // their ranges above: they would round to 0 ms, which c10d reads as "no
   // timeout", or spin a loop.
@@ -251,13 +259,15 @@ std::vector<InjectedFault> parse_injected_faults(const std::string& text) {
     auto bad = [&](const std::string& why) {
       return InputError("fault.inject item '" + item + "': " + why +
                         " (formats: perturb:TENSOR:RANK:STEP:AMOUNT, double_scale:TENSOR:RANK:STEP, "
-                        "inf_grad:TENSOR:RANK:STEP)");
+                        "inf_grad:TENSOR:RANK:STEP, bitflip_grad:TENSOR:RANK:STEP)");
     };
     InjectedFault fault;
     fault.kind = parts.empty() ? "" : parts[0];
     const size_t expected = fault.kind == "perturb"                                 ? 5
-                            : fault.kind == "double_scale" || fault.kind == "inf_grad" ? 4
-                                                                                        : 0;
+                            : fault.kind == "double_scale" || fault.kind == "inf_grad" ||
+                                      fault.kind == "bitflip_grad"
+                                ? 4
+                                : 0;
     if (expected == 0) throw bad("unknown kind '" + fault.kind + "'");
     if (parts.size() != expected) throw bad("expected " + std::to_string(expected) + " fields");
     fault.tensor = parts[1];

@@ -100,6 +100,9 @@ const std::vector<KeySpec>& schema() {
        {"warn", "fail", "resync"}},
       {"audit.buffers", Kind::kString, LOCKSTEP_FIELD(audit.buffers), -kInf, kInf, false,
        {"check", "sync", "ignore"}},
+      {"audit.verify_every", Kind::kInt, LOCKSTEP_FIELD(audit.verify_every), 0, 1e12},
+      {"audit.on_miscompute", Kind::kString, LOCKSTEP_FIELD(audit.on_miscompute), -kInf, kInf, false,
+       {"warn", "fail", "exclude"}},
       {"checkpoint.every", Kind::kInt, LOCKSTEP_FIELD(checkpoint.every), 0, 1e12},
       {"checkpoint.keep", Kind::kInt, LOCKSTEP_FIELD(checkpoint.keep), 1, 1000},
       {"checkpoint.resume", Kind::kString, LOCKSTEP_FIELD(checkpoint.resume), -kInf, kInf, false,
@@ -134,6 +137,7 @@ const std::vector<KeySpec>& schema() {
       {"test.fail_kind", Kind::kString, LOCKSTEP_FIELD(test.fail_kind), -kInf, kInf, false,
        {"exit", "kill", "nan_loss"}},
       {"test.fail_generations", Kind::kInt, LOCKSTEP_FIELD(test.fail_generations), 0, 1000},
+      {"test.probe_fault_rank", Kind::kInt, LOCKSTEP_FIELD(test.probe_fault_rank), -1, 65535},
   };
   return specs;
 }

@@ -29,6 +29,14 @@ TensorDigest digest(const at::Tensor& tensor) {
   return d;
 }
 
+TensorDigest bits_digest(const at::Tensor& tensor) {
+  if (!tensor.device().is_cpu()) return lane_digest(tensor);
+  at::Tensor t = tensor.detach();
+  if (!t.is_contiguous()) t = t.contiguous();
+  XXH128_hash_t h = XXH3_128bits(t.data_ptr(), size_t(t.numel()) * t.element_size());
+  return TensorDigest{h.high64, h.low64, 0.0};
+}
+
 namespace {
 
 // The tensor's elements as their bit patterns, one int64 each.

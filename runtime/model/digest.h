@@ -29,6 +29,11 @@ struct TensorDigest {
 // xxh3-128 of the bytes, on the host (a CUDA tensor is copied there first).
 TensorDigest digest(const at::Tensor& tensor);
 
+// The bits only, where the tensor lives (no sum, no copy off a GPU):
+// xxh3-128 of a CPU tensor's bytes, lane_digest of any other. For digests
+// taken often (every microbatch's gradient).
+TensorDigest bits_digest(const at::Tensor& tensor);
+
 // Where the tensor lives: xxh3-128 for a CPU tensor (the same as digest),
 // lane_digest for any other. kind_of_device_digest names which.
 TensorDigest device_digest(const at::Tensor& tensor);

@@ -37,6 +37,19 @@ void BufferPolicy::end_microbatch() {
   changes_.push_back(torch::cat(flat));
 }
 
+void BufferPolicy::aside(const std::function<void()>& compute) {
+  std::vector<at::Tensor> now;
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, tensor] : buffers_) now.push_back(tensor.clone());
+    if (policy_ == "mean" && step_start_.size() == buffers_.size())
+      for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].second.copy_(step_start_[i]);
+  }
+  compute();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i].second.copy_(now[i]);
+}
+
 void BufferPolicy::abandon_step() {
   if (step_start_.empty()) return;
   torch::NoGradGuard no_grad;

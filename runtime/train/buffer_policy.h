@@ -16,6 +16,7 @@
 // and the saved model see. One collective per dtype; every rank must call
 // sync() together.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,10 @@ class BufferPolicy {
   // A step that will not finish (a lost peer, the generation ended): the
   // buffers go back to how the step found them, as the parameters are.
   void abandon_step();
+  // Runs `compute` (a microbatch computed again, to check another rank's)
+  // from the buffers the step's microbatches start from, and puts back
+  // what was there: the step goes on as if it had not run.
+  void aside(const std::function<void()>& compute);
   // Runs `evaluate` with rank 0's buffers on every rank, so that the
   // figures reported are those of the model rank 0 saves. Under local each
   // rank's own buffers are put back after; otherwise they are rank 0's already.

@@ -18,12 +18,33 @@ FaultHooks::FaultHooks(const JobConfig& config, int rank, NamedTensors parameter
   // the gradient reaches the reducer's bucket.
   for (const auto& f : faults_) {
     if (f.kind != "inf_grad" || f.rank != rank_) continue;
-    parameter(f.tensor).register_hook([current = current_step_, f](at::Tensor grad) {
-      if (*current + 1 != f.step) return grad;
+    parameter(f.tensor).register_hook([current = current_step_, quiet = quiet_, f](at::Tensor grad) {
+      if (*current + 1 != f.step || *quiet) return grad;
       spdlog::warn("fault.inject: element 0 of the gradient of {} is inf on rank {} in step {}",
                    f.tensor, f.rank, f.step);
       at::Tensor planted = grad.clone();
       planted.view(-1)[0] = std::numeric_limits<float>::infinity();
+      return planted;
+    });
+  }
+  // bitflip_grad: a processor that computes one bit wrong. The hook runs
+  // before the gradient reaches the reducer's bucket, on the first backward
+  // of the step only: the first microbatch this rank computes in it.
+  for (const auto& f : faults_) {
+    if (f.kind != "bitflip_grad" || f.rank != rank_) continue;
+    auto flipped_in = std::make_shared<int64_t>(-1);
+    parameter(f.tensor).register_hook([current = current_step_, quiet = quiet_, flipped_in, f](at::Tensor grad) {
+      if (*current + 1 != f.step || *flipped_in == f.step || *quiet) return grad;
+      *flipped_in = f.step;
+      at::Tensor planted = grad.clone();
+      at::Tensor first = planted.view(-1).narrow(0, 0, 1);
+      const auto bits = first.element_size() == 8   ? at::kLong
+                        : first.element_size() == 4 ? at::kInt
+                                                    : at::kShort;
+      first.view(bits).bitwise_xor_(1);  // the lowest bit of the mantissa
+      spdlog::warn("fault.inject: the lowest mantissa bit of element 0 of the gradient of {} flipped on rank {} "
+                   "in step {} ({:.9g} -> {:.9g}), before any sum", f.tensor, f.rank, f.step,
+                   grad.view(-1)[0].item<double>(), first.item<double>());
       return planted;
     });
   }

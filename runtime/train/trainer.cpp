@@ -14,6 +14,8 @@
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "runtime/train/buffer_policy.h"
+#include "runtime/train/recompute.h"
+#include "runtime/audit/cross_check.h"
 #include "runtime/train/device_feed.h"
 #include "runtime/audit/seeding.h"
 #include "runtime/checkpoint/checkpoint.h"
@@ -90,6 +92,15 @@ class StepLoop {
   // Into parts_.keep_state (when asked for): the state after the last
   // finished step, buffers as that step left them.
   void keep_state_at_boundary();
+  void set_up_cross_checks();
+  // The microbatch a cross-check has this rank compute again, compared with
+  // its owner's on every rank; audit.on_miscompute says what a mismatch does.
+  std::vector<Miscompute> cross_check(int64_t step, const MicrobatchDigest& own,
+                                      const std::vector<at::Tensor>& own_gradients);
+  void act_on_miscompute(const std::vector<Miscompute>& found);
+  // Digest of the parameters (their flat buffer) and every buffer.
+  std::string state_digest() const;
+  bool replaying() const { return parts_.evidence && parts_.evidence->last_step() > 0; }
   // Says where the resumed checkpoint was written and where it continues.
   void record_checkpoint_device(const std::string& written_on);
   TrainingResult finish();
@@ -125,6 +136,7 @@ class StepLoop {
   std::optional<FaultHooks> faults_;
   std::optional<BufferPolicy> buffers_;
   std::optional<ProgressPrinter> progress_;
+  std::optional<CrossChecker> checker_;  // audit.verify_every
   bool checkpoints_on_ = false;
   bool reported_sharing_ = false;
   double window_loss_ = 0, window_samples_ = 0, window_seconds_ = 0;
@@ -171,6 +183,7 @@ StepLoop::StepLoop(TrainerParts& parts)
     load_checkpoint(checkpoints_, *parts_.resume, model_, *optimizer_, parts_.rank);
     resume_from(parts_.resume->meta, parts_.resume->step, parts_.resume->folder);
   }
+  if (parts_.evidence && !parts_.resume_in_memory) parts_.evidence->on_checkpoint(parts_.resume ? first_step_ : 0);
   boundary_step_ = first_step_;
   boundary_microbatches_ = microbatches_done_;
   boundary_epoch_ = last_epoch_;
@@ -241,6 +254,7 @@ StepLoop::StepLoop(TrainerParts& parts)
                                                                    " needs no loss scale");
   }
   faults_.emplace(config, parts_.rank, parameters_);
+  set_up_cross_checks();
   parts_.decisions.record("train_loss", "the mean over the global batch",
                           "loss " + objective_->name() + ": every rank's loss sum and count of valid " +
                               objective_->unit() + "s ride along with the gradient all-reduce, so the "
@@ -317,6 +331,7 @@ TrainingResult StepLoop::run_steps() {
     // The ranks learn of a stop at different moments; the flag travels with
     // this step's gradients, so all of them stop after the same step.
     if (parts_.observer && parts_.observer->stop_requested()) reducer_.ask_to_stop();
+    if (replaying() && parts_.evidence->last_step() == step + 1) reducer_.ask_to_stop();
     const auto step_start = PhaseTimer::Clock::now();
     const double lr = optim::scheduled_lr(schedule_, step);
     optimizer_->set_lr(lr);  // the reducer zeroes the gradients (its buckets)
@@ -326,6 +341,7 @@ TrainingResult StepLoop::run_steps() {
     finish_audit();  // the previous audit's all-gather travelled during this step
     result_.steps = step + 1;
     const bool updated = update(step, global_valid);
+    if (parts_.evidence) parts_.evidence->on_step_end(step + 1, parts_.rank == 0 ? state_digest() : "");
     boundary_step_ = step + 1;
     boundary_microbatches_ = microbatches_done_;
     boundary_epoch_ = last_epoch_;
@@ -351,6 +367,9 @@ TrainingResult StepLoop::run_steps() {
 
 double StepLoop::accumulate_gradients(int64_t step) {
   PhaseTimer& timer = parts_.timer;
+  const bool check = checker_ && checker_->due(step + 1);
+  MicrobatchDigest own;  // this rank's microbatch that another recomputes
+  std::vector<at::Tensor> own_gradients;
   for (int64_t micro = 0; micro < config_.train.accum_steps; ++micro) {
     Batch batch;
     {
@@ -390,13 +409,130 @@ double StepLoop::accumulate_gradients(int64_t step) {
     reducer_.begin_microbatch(micro, config_.train.accum_steps, double(loss.valid),
                               std::isfinite(value) ? value : 0.0, double(batch.targets.size(0)));
     model_call("training backward", step + 1, [&] { (scaler_ ? loss.sum * scaler_->scale() : loss.sum).backward(); });
+    if (parts_.evidence || check) {  // this microbatch's own gradient, before any sum
+      const std::vector<at::Tensor> gradients = current_gradients(parameters_);
+      const MicrobatchDigest digest = digest_microbatch(step + 1, batch.microbatch, gradients, value, double(loss.valid));
+      if (parts_.evidence) parts_.evidence->on_microbatch(digest);
+      if (check && batch.microbatch == checker_->own_checked(step + 1)) {
+        own = digest;
+        for (const auto& g : gradients) own_gradients.push_back(g.clone());
+      }
+    }
     reducer_.end_microbatch();  // exact summation: this microbatch's gradient set aside
     result_.masked_targets += loss.masked;
   }
+  std::vector<Miscompute> miscomputed;
+  if (check) miscomputed = cross_check(step, own, own_gradients);  // while the gradients' sums travel
   auto scope = timer.measure(Phase::kCommWait);
   const double global_valid = reducer_.finish();
+  // Before the buffers' sum: a step that is not applied leaves them as the step found them.
+  if (!miscomputed.empty()) act_on_miscompute(miscomputed);
   buffers_->sync(microbatches_per_step_);  // this step's forwards changed them
   return global_valid;
+}
+
+void StepLoop::set_up_cross_checks() {
+  const AuditSection& audit = config_.audit;
+  const auto source = config_.sources.find("audit.verify_every");
+  const bool by_default = source == config_.sources.end() || source->second == "default";
+  auto off = [&](const std::string& why, bool warn) {
+    parts_.decisions.record("audit.verify_every", "off", why, warn);
+  };
+  if (audit.verify_every == 0)
+    return off("audit.verify_every = 0: a rank that computes a wrong gradient goes unnoticed during the run "
+               "(every rank agrees on the wrong sum); `lockstep verify RUN_DIR` can replay the steps afterwards",
+               /*warn=*/true);
+  if (parts_.world_size < 2)
+    return off("one rank: no other rank to compute its microbatches again; `lockstep verify RUN_DIR` replays "
+               "them afterwards", /*warn=*/false);
+  if (config_.comm.summation != "exact")
+    return off("comm.summation = float: a microbatch's gradient is summed into the others' as it is computed, "
+               "so there is none to compare, and its bits depend on the rank (exact summation keeps both)",
+               /*warn=*/true);
+  if (!parts_.control) return;
+  std::vector<std::string> names;
+  for (const auto& [name, p] : parameters_) names.push_back(name);
+  std::vector<std::string> hosts = parts_.hosts;
+  for (int r = int(hosts.size()); r < parts_.world_size; ++r) hosts.push_back("host of rank " + std::to_string(r));
+  checker_.emplace(*parts_.control, parts_.rank, parts_.world_size, config_.train.accum_steps, audit.verify_every,
+                   hosts, names);
+  const double share = 100.0 / double(audit.verify_every * config_.train.accum_steps);
+  parts_.decisions.record(
+      "audit.verify_every", std::to_string(audit.verify_every),
+      fmt::format("{}every {} steps each rank computes again one microbatch that another rank computed (the "
+                  "checker and the microbatch rotate) and the digests of their gradients and losses are "
+                  "compared: about {:.2g}% more compute with {} microbatch(es) per rank; a mismatch: "
+                  "audit.on_miscompute = {}",
+                  by_default ? "the default, chosen from tests/bench/verify_cost.py (under 2% of a step's time): " : "",
+                  audit.verify_every, share, config_.train.accum_steps, audit.on_miscompute),
+      /*warn=*/false);
+  // A step a new generation computes again (after a lost rank or an
+  // excluded host) is checked whatever the schedule.
+  if (parts_.resume || parts_.resume_in_memory) checker_->also_check(first_step_ + 1);
+}
+
+std::vector<Miscompute> StepLoop::cross_check(int64_t step, const MicrobatchDigest& own,
+                                              const std::vector<at::Tensor>& own_gradients) {
+  auto scope = parts_.timer.measure(Phase::kAudit);
+  const int64_t j = checker_->to_recompute(step + 1);
+  Batch batch = batches_->assemble_at(step, j);
+  batch.inputs = batch.inputs.to(device_);
+  batch.targets = batch.targets.to(device_);
+  const uint64_t seed = config_.test.no_reseed ? uint64_t(config_.job.seed)
+                                               : microbatch_seed(uint64_t(config_.job.seed), step, j);
+  Recomputed again;
+  faults_->set_quiet(true);  // computed as a healthy rank would
+  try {
+    buffers_->aside([&] {
+      model_call("the recomputation of another rank's microbatch", step + 1, [&] {
+        again = recompute_microbatch(model_, *objective_, parameters_, batch, step + 1, seed, autocast_,
+                                     scaler_ ? scaler_->scale() : 1.0);
+      });
+    });
+  } catch (...) {
+    faults_->set_quiet(false);
+    throw;
+  }
+  faults_->set_quiet(false);
+  ++result_.cross_checks;
+  std::vector<Miscompute> found = checker_->compare(own, own_gradients, again.digest, again.gradients);
+  parts_.events.write({{"event", "cross_check"}, {"step", step + 1}, {"recomputed_microbatch", j},
+                       {"own_microbatch_checked", own.index}, {"agreed", found.empty()}});
+  return found;
+}
+
+void StepLoop::act_on_miscompute(const std::vector<Miscompute>& found) {
+  result_.miscomputes += int64_t(found.size());
+  std::string what;
+  for (const auto& m : found) {
+    parts_.events.write({{"event", "miscompute"}, {"step", m.step}, {"microbatch", m.microbatch},
+                         {"owner", m.owner}, {"owner_host", m.owner_host}, {"checker", m.checker},
+                         {"checker_host", m.checker_host}, {"loss_differs", m.loss_differs},
+                         {"tensors", m.tensors}, {"policy", config_.audit.on_miscompute}});
+    what += (what.empty() ? "" : "; ") + m.describe();
+  }
+  const std::string& policy = config_.audit.on_miscompute;
+  const Miscompute& first = found.front();
+  if (policy == "warn") {
+    if (parts_.rank == 0)
+      spdlog::error("{} (audit.on_miscompute = warn: the step goes on with that sum; `lockstep verify` names it "
+                    "afterwards)", what);
+    return;
+  }
+  if (policy == "fail")
+    throw RunError(what + " (audit.on_miscompute = fail: the job stops before the step is applied; take host " +
+                   first.owner_host + " out of the job, or let an elastic job go on without it: "
+                   "audit.on_miscompute = exclude)");
+  throw MiscomputeExcluded(what + "; audit.on_miscompute = exclude: the job goes on without host " +
+                               first.owner_host + ", from the state before step " + std::to_string(first.step) +
+                               ", which it computes and checks again",
+                           first.owner_host, first.owner);
+}
+
+std::string StepLoop::state_digest() const {
+  NamedDigests digests{{"parameters", bits_digest(reducer_.flat().first)}};
+  for (const auto& [name, buffer] : model_.buffers()) digests.emplace_back(name, bits_digest(buffer));
+  return combined_hex(digests);
 }
 
 bool StepLoop::update(int64_t step, double global_valid) {
@@ -549,6 +685,7 @@ void StepLoop::checkpoint_after(int64_t done, double lr) {
                    parts_.rank, *parts_.control, int(config_.checkpoint.keep));
   ++result_.checkpoints;
   result_.last_checkpoint = done;
+  if (parts_.evidence) parts_.evidence->on_checkpoint(done);
   parts_.events.write({{"event", "checkpoint"}, {"step", done}, {"folder", checkpoints_.step_folder(done)}});
 }
 
@@ -591,6 +728,7 @@ void StepLoop::record_checkpoint_device(const std::string& written_on) {
 TrainingResult StepLoop::stopped() {
   finish_audit();
   result_.stopped_at_step = result_.steps;
+  if (replaying()) return result_;  // a replay ends where it was asked to
   if (parts_.observer && parts_.observer->regroup_requested()) {
     keep_state_at_boundary();  // not the end of the run: the next generation continues from here
     parts_.events.write({{"event", "regroup"}, {"step", result_.steps}});
@@ -637,7 +775,7 @@ TrainingResult StepLoop::finish() {
                      step_times_.end());
     result_.step_s_median = step_times_[step_times_.size() / 2];
   }
-  evaluate_now(steps_, /*final=*/true);
+  if (!replaying()) evaluate_now(steps_, /*final=*/true);
   return result_;
 }
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/audit/audit.h"
+#include "runtime/audit/step_evidence.h"
 #include "runtime/checkpoint/state_in_memory.h"
 #include "runtime/checkpoint/checkpoint_store.h"
 #include "runtime/comm/control_group.h"
@@ -52,6 +53,11 @@ struct TrainerParts {
   int64_t* steps_done = nullptr;    // may be null; kept current, so a failure can say how far it got
   std::string precision = "fp32";   // resolved: fp32 | bf16 (autocast) | fp16 (CUDA only)
   std::string eval_precision = "fp32";  // evaluation's: the training precision, or fp32 where the dry run needed it
+  // May be null. Told of every microbatch's gradient digest and every
+  // step's end: the run's step evidence, or a replay's check of it (which
+  // also says where the run stops: StepEvidence::last_step).
+  StepEvidence* evidence = nullptr;
+  std::vector<std::string> hosts;   // each rank's host, for the cross-checks' messages
 };
 
 TrainingResult train(TrainerParts parts);

@@ -24,6 +24,8 @@ nlohmann::json TrainingResult::to_json() const {
           {"last_checkpoint_step", last_checkpoint},
           {"audits", audits},
           {"audits_disagreeing", audits_disagreeing},
+          {"cross_checks", cross_checks},
+          {"miscomputes", miscomputes},
           {"last_audit", last_audit},
           {"step_s_median", step_s_median},
           {"allreduce_hidden_share", allreduce_hidden_share},
