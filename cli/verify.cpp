@@ -242,10 +242,9 @@ int verify_command(const std::string& run_dir_given, const std::string& steps, b
                                   {"rank", mismatch->rank}, {"what", mismatch->what()}};
     if (json) std::printf("%s\n", report.dump(2).c_str());
     else
-      spdlog::error("lockstep verify: DIFFERS at step {}{}, rank {}: {} (replayed from {}; {} step(s) before it "
-                    "matched, {} microbatch and {} state digest(s) compared, {:.1f} s)",
-                    mismatch->step, mismatch->microbatch >= 0 ? fmt::format(", microbatch {}", mismatch->microbatch) : "",
-                    mismatch->rank, mismatch->what(), from, check.steps_checked(), check.microbatches_checked(),
+      spdlog::error("lockstep verify: DIFFERS at {} (replayed from {}; {} step(s) before it matched, {} microbatch "
+                    "and {} state digest(s) compared, {:.1f} s)",
+                    mismatch->what(), from, check.steps_checked(), check.microbatches_checked(),
                     check.states_checked(), seconds);
     return 1;
   }

@@ -526,6 +526,50 @@ TEST_F(ElasticTest, ALossBelowTheMinimumFailsTheJobAndKeepsItsCheckpoints) {
   EXPECT_GE(newest->step, 100);
 }
 
+// A rank whose processor computes one bit wrong (fault bitflip_grad on
+// rank 2, host b): the cross-check at that step names it, and under
+// audit.on_miscompute = exclude the job goes on without host b from the
+// state before the step, checks the step again and ends on the bits of the
+// run that nothing happened to; `lockstep verify` replays the whole run,
+// 4 ranks then 2, on one rank and confirms every digest.
+TEST_F(ElasticTest, AHostThatComputesWrongIsExcludedAndTheRunEndsOnVerifiedBits) {
+  for (const char* host : {"coord", "a", "b"}) hosts->add(host);
+  auto clean = kJob;
+  clean.insert(clean.end(), {"job.steps=300", "data.global_batch=64", "data.microbatch=16", "elastic.min_ranks=2",
+                             "elastic.replace_wait_s=2", "audit.verify_every=50"});
+  auto sets = clean;
+  sets.insert(sets.end(), {"job.world_size=4", "audit.on_miscompute=exclude", "fault.inject=bitflip_grad:fc1.weight:2:150"});
+  auto& coordinator = start_coordinator("coord", sets);
+  for (const auto& host : {"a", "b"})
+    for (int local = 0; local < 2; ++local) start_worker(host, local);
+  ASSERT_EQ(coordinator.wait(180), 0) << coordinator.output();
+  const std::string out = coordinator.output();
+  EXPECT_NE(out.find("MISCOMPUTE at step 150, microbatch 2: rank 2 (b) computed it"), std::string::npos) << out;
+  EXPECT_NE(out.find("Decision: exclude = b"), std::string::npos) << out;
+  // a's workers finish; b's are refused when they rejoin, saying why.
+  for (size_t p : {1, 2}) EXPECT_EQ(processes[p]->wait(30), 0) << processes[p]->output();
+  for (size_t p : {3, 4}) {
+    EXPECT_EQ(processes[p]->wait(30), 1) << processes[p]->output();
+    const std::string said = processes[p]->output();
+    EXPECT_TRUE(said.find("was excluded from this job") != std::string::npos ||
+                said.find("excluded: it computed wrong") != std::string::npos) << said;
+  }
+  const std::string run = single_run(home("coord") + "/runs");
+  auto manifest = read_json(run + "/manifest.json");
+  const auto& membership = manifest["coordinator"]["membership"];
+  ASSERT_EQ(membership.size(), 1u) << manifest["coordinator"].dump(1);
+  EXPECT_EQ(membership[0]["world_size"], 2);
+  EXPECT_EQ(manifest["world_size"], 2);
+  for (const auto& r : manifest["ranks"]) EXPECT_EQ(r["host"].get<std::string>().rfind("a", 0), 0u) << manifest["ranks"];
+  EXPECT_GE(manifest["metrics"].value("cross_checks", 0), 1);  // the step done again was checked
+  TempDir local;
+  clean.push_back("job.world_size=4");
+  EXPECT_EQ(manifest["metrics"].value("final_param_digest", "missing"), reference_digest(local, 4, clean));
+  auto verify = run_lockstep({"verify", run}, home("coord"), 120);
+  EXPECT_EQ(verify.exit_code, 0) << verify.output;
+  EXPECT_NE(verify.output.find("VERIFIED steps 1 to 300: 300 steps"), std::string::npos) << verify.output;
+}
+
 TEST_F(MultiHostTest, WorkersEndWhenTheCoordinatorHostIsCutOff) {
   hosts->add("coord");
   hosts->add("w1");
