@@ -177,6 +177,11 @@ int verify_command(const std::string& run_dir_given, const std::string& steps, b
       if (!indices.count(j)) missing = fmt::format("step {}, microbatch {}", step, j);
   }
   const int threads = threads_seen.empty() ? 0 : *threads_seen.begin();
+  if (threads_seen.size() > 1 && !json)
+    spdlog::warn("lockstep verify: the run's ranks used {} to {} intra-op threads (a generation on fewer ranks "
+                 "per host gets more); the replay uses {}: kernels sum in an order set by the thread count, so "
+                 "steps computed with another may differ (job.threads_per_rank fixes it for a run)",
+                 *threads_seen.begin(), *threads_seen.rbegin(), threads);
   nlohmann::json report = {{"run_dir", run_dir}, {"steps", {range.first, range.last}}};
   if (!missing.empty()) {
     report["verified"] = false;

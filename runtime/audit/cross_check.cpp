@@ -91,7 +91,15 @@ std::vector<Miscompute> CrossChecker::compare(const MicrobatchDigest& own, const
                                double_bits(recomputed.loss_sum), double_bits(recomputed.valid)};
   for (const auto& d : own.tensors) mine.push_back(int64_t(d.high)), mine.push_back(int64_t(d.low));
   for (const auto& d : recomputed.tensors) mine.push_back(int64_t(d.high)), mine.push_back(int64_t(d.low));
-  const auto all = control_.allgather("cross-check", mine);
+  // Gloo's all-gather on the control group, not the store: a check every
+  // few steps must not make the coordinator part of the step.
+  const std::vector<at::Tensor> gathered =
+      control_.collectives().allgather(torch::tensor(mine, torch::kLong));
+  std::vector<std::vector<int64_t>> all;
+  for (const auto& t : gathered) {
+    const at::Tensor flat = t.to(at::kCPU).contiguous();
+    all.emplace_back(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel());
+  }
 
   const int64_t step = own.step;
   std::vector<Miscompute> found;

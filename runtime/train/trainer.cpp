@@ -1,4 +1,5 @@
 #include "runtime/train/trainer.h"
+#include "runtime/train/step_loop.h"
 
 #include <algorithm>
 #include <functional>
@@ -61,88 +62,10 @@ ReducerOptions reducer_options(const JobConfig& config) {
   return options;
 }
 
-// One rank's run of the job: the parts it was given, the components built
-// from the configuration (objective, reducer, optimizer, scaler, buffer
-// policy, fault hooks), and the loop in run().
-class StepLoop {
- public:
-  explicit StepLoop(TrainerParts& parts);
-  TrainingResult run();
-  TrainingResult run_steps();
+}  // namespace
 
- private:
-  // The step's microbatches: forward, loss, backward; the last backward's
-  // buckets go out as they fill. Returns the global count of valid targets.
-  double accumulate_gradients(int64_t step);
-  // Scaler verdict, clipping, the optimizer step. False: no update (skipped).
-  bool update(int64_t step, double global_valid);
-  void log_step(int64_t step, double lr, double global_valid, double seconds);
-  // The validation set when there is one, else the test set; `final`: the test set.
-  void evaluate_now(int64_t step, bool final = false);
-  // Runs `call` (the model's forward, loss or backward): what it raises
-  // becomes a ModelFailure naming `phase`, the step and the precision.
-  void model_call(const char* phase, int64_t step, const std::function<void()>& call);
-  void start_audit(int64_t done);
-  void finish_audit();
-  void checkpoint_after(int64_t done, double lr);
-  // What a checkpoint's index (or a state kept in memory) says besides the tensors.
-  nlohmann::json state_meta(double lr, int64_t microbatches_done, int64_t epoch) const;
-  // A checkpoint or a state in memory to continue from, loaded: the step, the data position.
-  void resume_from(const nlohmann::json& meta, int64_t step, const std::string& from);
-  // Into parts_.keep_state (when asked for): the state after the last
-  // finished step, buffers as that step left them.
-  void keep_state_at_boundary();
-  void set_up_cross_checks();
-  // The microbatch a cross-check has this rank compute again, compared with
-  // its owner's on every rank; audit.on_miscompute says what a mismatch does.
-  std::vector<Miscompute> cross_check(int64_t step, const MicrobatchDigest& own,
-                                      const std::vector<at::Tensor>& own_gradients);
-  void act_on_miscompute(const std::vector<Miscompute>& found);
-  // Digest of the parameters (their flat buffer) and every buffer.
-  std::string state_digest() const;
-  bool replaying() const { return parts_.evidence && parts_.evidence->last_step() > 0; }
-  // Says where the resumed checkpoint was written and where it continues.
-  void record_checkpoint_device(const std::string& written_on);
-  TrainingResult finish();
-  TrainingResult stopped();
+namespace train_internal {
 
-  TrainerParts& parts_;
-  const JobConfig& config_;
-  Model& model_;
-  TrainingResult result_;
-  NamedTensors parameters_;
-  std::unique_ptr<Objective> objective_;
-  std::map<std::string, std::pair<int64_t, EvalResult>> previous_evals_;  // by split: the last step and figures
-  int noise_said_ = 0;
-  GradientReducer reducer_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
-  CheckpointStore checkpoints_;
-  int64_t first_step_ = 0, microbatches_done_ = 0, last_epoch_ = 0;
-  // The last step boundary (after an update, or the start): what a state
-  // kept in memory on the way out of a failed step describes.
-  int64_t boundary_step_ = 0, boundary_microbatches_ = 0, boundary_epoch_ = 0;
-  double boundary_lr_ = 0;
-  const int64_t microbatches_per_step_ = reducer_options(config_).microbatches_per_step;  // k, all ranks
-  int64_t skipped_reported_ = -1;  // rows skipped in batches, as last told to the observer
-  int64_t log_every_ = 1;          // job.log_every, or about a tenth of a short run
-  std::optional<Augmenter> augmenter_;  // before batches_: the stream uses it
-  std::optional<BatchStream> batches_;
-  std::optional<DeviceFeed> feed_;  // batches_ on device_
-  int64_t steps_ = 0;
-  optim::ScheduleSpec schedule_;
-  at::ScalarType autocast_ = at::kFloat;
-  c10::Device device_ = c10::kCPU;  // the model's: batches follow it
-  std::optional<optim::GradScaler> scaler_;
-  std::optional<FaultHooks> faults_;
-  std::optional<BufferPolicy> buffers_;
-  std::optional<ProgressPrinter> progress_;
-  std::optional<CrossChecker> checker_;  // audit.verify_every
-  bool checkpoints_on_ = false;
-  bool reported_sharing_ = false;
-  double window_loss_ = 0, window_samples_ = 0, window_seconds_ = 0;
-  int64_t window_steps_ = 0;
-  std::vector<double> step_times_;  // after warm-up, for the median
-};
 
 StepLoop::StepLoop(TrainerParts& parts)
     : parts_(parts), config_(parts.config), model_(*parts.model), parameters_(model_.parameters()),
@@ -341,7 +264,11 @@ TrainingResult StepLoop::run_steps() {
     finish_audit();  // the previous audit's all-gather travelled during this step
     result_.steps = step + 1;
     const bool updated = update(step, global_valid);
-    if (parts_.evidence) parts_.evidence->on_step_end(step + 1, parts_.rank == 0 ? state_digest() : "");
+    if (parts_.evidence) {
+      const auto digest_start = PhaseTimer::Clock::now();
+      parts_.evidence->on_step_end(step + 1, parts_.rank == 0 ? state_digest() : "");
+      result_.step_evidence_s += std::chrono::duration<double>(PhaseTimer::Clock::now() - digest_start).count();
+    }
     boundary_step_ = step + 1;
     boundary_microbatches_ = microbatches_done_;
     boundary_epoch_ = last_epoch_;
@@ -410,9 +337,11 @@ double StepLoop::accumulate_gradients(int64_t step) {
                               std::isfinite(value) ? value : 0.0, double(batch.targets.size(0)));
     model_call("training backward", step + 1, [&] { (scaler_ ? loss.sum * scaler_->scale() : loss.sum).backward(); });
     if (parts_.evidence || check) {  // this microbatch's own gradient, before any sum
+      const auto digest_start = PhaseTimer::Clock::now();
       const std::vector<at::Tensor> gradients = current_gradients(parameters_);
       const MicrobatchDigest digest = digest_microbatch(step + 1, batch.microbatch, gradients, value, double(loss.valid));
       if (parts_.evidence) parts_.evidence->on_microbatch(digest);
+      result_.step_evidence_s += std::chrono::duration<double>(PhaseTimer::Clock::now() - digest_start).count();
       if (check && batch.microbatch == checker_->own_checked(step + 1)) {
         own = digest;
         for (const auto& g : gradients) own_gradients.push_back(g.clone());
@@ -429,110 +358,6 @@ double StepLoop::accumulate_gradients(int64_t step) {
   if (!miscomputed.empty()) act_on_miscompute(miscomputed);
   buffers_->sync(microbatches_per_step_);  // this step's forwards changed them
   return global_valid;
-}
-
-void StepLoop::set_up_cross_checks() {
-  const AuditSection& audit = config_.audit;
-  const auto source = config_.sources.find("audit.verify_every");
-  const bool by_default = source == config_.sources.end() || source->second == "default";
-  auto off = [&](const std::string& why, bool warn) {
-    parts_.decisions.record("audit.verify_every", "off", why, warn);
-  };
-  if (audit.verify_every == 0)
-    return off("audit.verify_every = 0: a rank that computes a wrong gradient goes unnoticed during the run "
-               "(every rank agrees on the wrong sum); `lockstep verify RUN_DIR` can replay the steps afterwards",
-               /*warn=*/true);
-  if (parts_.world_size < 2)
-    return off("one rank: no other rank to compute its microbatches again; `lockstep verify RUN_DIR` replays "
-               "them afterwards", /*warn=*/false);
-  if (config_.comm.summation != "exact")
-    return off("comm.summation = float: a microbatch's gradient is summed into the others' as it is computed, "
-               "so there is none to compare, and its bits depend on the rank (exact summation keeps both)",
-               /*warn=*/true);
-  if (!parts_.control) return;
-  std::vector<std::string> names;
-  for (const auto& [name, p] : parameters_) names.push_back(name);
-  std::vector<std::string> hosts = parts_.hosts;
-  for (int r = int(hosts.size()); r < parts_.world_size; ++r) hosts.push_back("host of rank " + std::to_string(r));
-  checker_.emplace(*parts_.control, parts_.rank, parts_.world_size, config_.train.accum_steps, audit.verify_every,
-                   hosts, names);
-  const double share = 100.0 / double(audit.verify_every * config_.train.accum_steps);
-  parts_.decisions.record(
-      "audit.verify_every", std::to_string(audit.verify_every),
-      fmt::format("{}every {} steps each rank computes again one microbatch that another rank computed (the "
-                  "checker and the microbatch rotate) and the digests of their gradients and losses are "
-                  "compared: about {:.2g}% more compute with {} microbatch(es) per rank; a mismatch: "
-                  "audit.on_miscompute = {}",
-                  by_default ? "the default, chosen from tests/bench/verify_cost.py (under 2% of a step's time): " : "",
-                  audit.verify_every, share, config_.train.accum_steps, audit.on_miscompute),
-      /*warn=*/false);
-  // A step a new generation computes again (after a lost rank or an
-  // excluded host) is checked whatever the schedule.
-  if (parts_.resume || parts_.resume_in_memory) checker_->also_check(first_step_ + 1);
-}
-
-std::vector<Miscompute> StepLoop::cross_check(int64_t step, const MicrobatchDigest& own,
-                                              const std::vector<at::Tensor>& own_gradients) {
-  auto scope = parts_.timer.measure(Phase::kAudit);
-  const int64_t j = checker_->to_recompute(step + 1);
-  Batch batch = batches_->assemble_at(step, j);
-  batch.inputs = batch.inputs.to(device_);
-  batch.targets = batch.targets.to(device_);
-  const uint64_t seed = config_.test.no_reseed ? uint64_t(config_.job.seed)
-                                               : microbatch_seed(uint64_t(config_.job.seed), step, j);
-  Recomputed again;
-  faults_->set_quiet(true);  // computed as a healthy rank would
-  try {
-    buffers_->aside([&] {
-      model_call("the recomputation of another rank's microbatch", step + 1, [&] {
-        again = recompute_microbatch(model_, *objective_, parameters_, batch, step + 1, seed, autocast_,
-                                     scaler_ ? scaler_->scale() : 1.0);
-      });
-    });
-  } catch (...) {
-    faults_->set_quiet(false);
-    throw;
-  }
-  faults_->set_quiet(false);
-  ++result_.cross_checks;
-  std::vector<Miscompute> found = checker_->compare(own, own_gradients, again.digest, again.gradients);
-  parts_.events.write({{"event", "cross_check"}, {"step", step + 1}, {"recomputed_microbatch", j},
-                       {"own_microbatch_checked", own.index}, {"agreed", found.empty()}});
-  return found;
-}
-
-void StepLoop::act_on_miscompute(const std::vector<Miscompute>& found) {
-  result_.miscomputes += int64_t(found.size());
-  std::string what;
-  for (const auto& m : found) {
-    parts_.events.write({{"event", "miscompute"}, {"step", m.step}, {"microbatch", m.microbatch},
-                         {"owner", m.owner}, {"owner_host", m.owner_host}, {"checker", m.checker},
-                         {"checker_host", m.checker_host}, {"loss_differs", m.loss_differs},
-                         {"tensors", m.tensors}, {"policy", config_.audit.on_miscompute}});
-    what += (what.empty() ? "" : "; ") + m.describe();
-  }
-  const std::string& policy = config_.audit.on_miscompute;
-  const Miscompute& first = found.front();
-  if (policy == "warn") {
-    if (parts_.rank == 0)
-      spdlog::error("{} (audit.on_miscompute = warn: the step goes on with that sum; `lockstep verify` names it "
-                    "afterwards)", what);
-    return;
-  }
-  if (policy == "fail")
-    throw RunError(what + " (audit.on_miscompute = fail: the job stops before the step is applied; take host " +
-                   first.owner_host + " out of the job, or let an elastic job go on without it: "
-                   "audit.on_miscompute = exclude)");
-  throw MiscomputeExcluded(what + "; audit.on_miscompute = exclude: the job goes on without host " +
-                               first.owner_host + ", from the state before step " + std::to_string(first.step) +
-                               ", which it computes and checks again",
-                           first.owner_host, first.owner);
-}
-
-std::string StepLoop::state_digest() const {
-  NamedDigests digests{{"parameters", bits_digest(reducer_.flat().first)}};
-  for (const auto& [name, buffer] : model_.buffers()) digests.emplace_back(name, bits_digest(buffer));
-  return combined_hex(digests);
 }
 
 bool StepLoop::update(int64_t step, double global_valid) {
@@ -779,8 +604,8 @@ TrainingResult StepLoop::finish() {
   return result_;
 }
 
-}  // namespace
+}  // namespace train_internal
 
-TrainingResult train(TrainerParts parts) { return StepLoop(parts).run(); }
+TrainingResult train(TrainerParts parts) { return train_internal::StepLoop(parts).run(); }
 
 }  // namespace lockstep

@@ -26,6 +26,7 @@ nlohmann::json TrainingResult::to_json() const {
           {"audits_disagreeing", audits_disagreeing},
           {"cross_checks", cross_checks},
           {"miscomputes", miscomputes},
+          {"step_evidence_s", step_evidence_s},
           {"last_audit", last_audit},
           {"step_s_median", step_s_median},
           {"allreduce_hidden_share", allreduce_hidden_share},

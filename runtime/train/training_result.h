@@ -27,6 +27,7 @@ struct TrainingResult {
   int64_t audits_disagreeing = 0;
   int64_t cross_checks = 0;  // steps whose microbatches were recomputed by other ranks (audit.verify_every)
   int64_t miscomputes = 0;   // microbatches whose recomputation differed
+  double step_evidence_s = 0;  // spent digesting each microbatch's gradient and each step's state
   std::string last_audit;        // verdict of the last audit
   nlohmann::json scaler;         // the gradient scaler's figures (null: no scaler)
   int64_t overflows = 0;         // forwards in which precision.check_overflow found inf/NaN

@@ -33,3 +33,5 @@ echo "== membership at scale: 1,000 to 10,000 simulated workers against a real c
 "$build/tests/bench/coordinator_scale" 1000,4000,10000 60
 echo "== elastic: seconds lost per shrink and grow, the state from a peer against a checkpoint" >&2
 "$python" "$here/elastic.py" "$build" "$repetitions"
+echo "== checking the arithmetic: audit.verify_every = 1, 10, 100 against off, the step evidence, lockstep verify" >&2
+"$python" "$here/verify_cost.py" "$build" "$repetitions"

@@ -123,6 +123,23 @@ def main():
     check("nccl-with-two-ranks-on-one-gpu-is-refused", refused["code"] == 2 and has(refused, "NCCL refuses two ranks"),
           refused["output"][-300:])
 
+    # 2b. Checking the arithmetic on the GPU (digests taken where the
+    # gradients live): a flipped bit is caught by the cross-check, and a clean
+    # 2-rank run (dropout in the cnn) replays on one GPU rank to the same digests.
+    arithmetic = ["device=gpu", "model.name=cnn", "job.steps=20", "precision=fp32"]
+    flipped = lockstep_run(args, synthetic, arithmetic + ["audit.verify_every=5",
+                                                          "fault.inject=bitflip_grad:conv1.weight:1:10"], 2, timeout=180)
+    check("cross-check-catches-a-flipped-bit-on-the-gpu",
+          flipped["code"] == 1 and has(flipped, "MISCOMPUTE at step 10, microbatch 1: rank 1"), flipped["output"][-400:])
+    clean = lockstep_run(args, synthetic, arithmetic + ["audit.verify_every=1"], 2, timeout=180)
+    replay = subprocess.run([args.lockstep, "verify", clean["folder"] or "."], capture_output=True, text=True,
+                            timeout=240)
+    figures["gpu_cross_checks"] = {"cross_checks": clean["metrics"].get("cross_checks"),
+                                   "verify_exit": replay.returncode, "verify": replay.stderr[-300:]}
+    check("a-gpu-run-verifies-on-one-gpu-rank", clean["code"] == 0 and clean["metrics"].get("cross_checks") == 20
+          and replay.returncode == 0 and "VERIFIED steps 1 to 20" in replay.stdout + replay.stderr,
+          figures["gpu_cross_checks"])
+
     # 3. fp16 with the gradient scaler.
     half = lockstep_run(args, fashion, common + ["device=gpu", "precision=fp16"], 1)
     m = half["metrics"]

@@ -405,7 +405,8 @@ TEST(ScriptedModel, AModelThatRaisesInEvaluationOnFourRanksIsReportedOnce) {
     ++lines;
     tracebacks += line.find("Traceback of TorchScript, original code") != std::string::npos;
   }
-  EXPECT_LT(lines, 80u) << result.output;
+  // About 40 start-up decisions and 4 ranks' lines: a message repeated per rank would be hundreds.
+  EXPECT_LT(lines, 85u) << result.output;
   EXPECT_EQ(tracebacks, 1u) << "the whole message once, for the job\n" << result.output;
   EXPECT_NE(result.output.find("evaluation at step 5 (precision fp32) failed in"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("the evaluation head is not ready for this input"), std::string::npos);
