@@ -59,8 +59,13 @@ StepRange parse_range(const std::string& text) {
   return range;
 }
 
-// The run's settings as --set overrides, from its manifest (bounded, checked).
-std::vector<std::string> recorded_settings(const std::string& run_dir) {
+struct RecordedRun {
+  std::vector<std::string> settings;  // as --set overrides
+  std::string buffers;                // the `buffers` decision's value: mean ..., none ..., broadcast ...
+};
+
+// The run's settings and buffer policy, from its manifest (bounded, checked).
+RecordedRun recorded_run(const std::string& run_dir) {
   const std::string path = run_dir + "/manifest.json";
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode))
@@ -73,13 +78,17 @@ std::vector<std::string> recorded_settings(const std::string& run_dir) {
   auto settings = manifest.find("settings");
   if (settings == manifest.end() || !settings->is_array() || settings->size() > 10000)
     throw InputError(path + ": no settings list (a run recorded before `lockstep verify` existed cannot be replayed)");
-  std::vector<std::string> out;
+  RecordedRun out;
   for (const auto& item : *settings) {
     if (!item.is_string() || item.get_ref<const std::string&>().size() > 100000 ||
         item.get_ref<const std::string&>().find('=') == std::string::npos)
       throw InputError(path + ": a setting is not KEY=VALUE text");
-    out.push_back(item.get<std::string>());
+    out.settings.push_back(item.get<std::string>());
   }
+  if (auto decisions = manifest.find("decisions"); decisions != manifest.end() && decisions->is_array())
+    for (const auto& d : *decisions)
+      if (d.is_object() && d.value("what", std::string()) == "buffers" && d.contains("value") && d["value"].is_string())
+        out.buffers = d["value"].get<std::string>().substr(0, 200);
   return out;
 }
 
@@ -135,7 +144,13 @@ int verify_command(const std::string& run_dir_given, const std::string& steps, b
   const StepRange asked = parse_range(steps);
   const std::string run_dir = fs::absolute(run_dir_given).lexically_normal().string();
   if (!fs::is_directory(run_dir)) throw InputError(run_dir_given + ": not a folder (give a run folder, runs/<run-id>)");
-  const std::vector<std::string> settings = recorded_settings(run_dir);
+  const RecordedRun recorded = recorded_run(run_dir);
+  const std::vector<std::string>& settings = recorded.settings;
+  // Buffers kept the same at any world size (mean), or none: compared. Any
+  // other policy ties them to the run's world size: the parameters and
+  // every microbatch are still compared.
+  const bool buffers_compared = recorded.buffers.empty() || recorded.buffers.rfind("mean", 0) == 0 ||
+                                recorded.buffers.rfind("none", 0) == 0;
   if (setting_value(settings, "comm.summation") != "exact")
     throw InputError(run_dir + " ran with comm.summation = " + setting_value(settings, "comm.summation") +
                      ": its sums depend on the world size and on which rank computed what, so no replay can "
@@ -214,7 +229,11 @@ int verify_command(const std::string& run_dir_given, const std::string& steps, b
                  worlds_seen.size() == 1 ? fmt::format("{} rank(s)", *worlds_seen.begin())
                                          : fmt::format("{} to {} ranks", *worlds_seen.begin(), *worlds_seen.rbegin()),
                  generations_seen.size(), threads > 0 ? fmt::format(", {} thread(s) as recorded", threads) : "", from);
-  ReplayCheck check(evidence, range.first, range.last);
+  if (!buffers_compared && !json)
+    spdlog::info("lockstep verify: the buffers are not compared: the run kept them with comm.buffers = {}, which "
+                 "ties them to its world size (comm.buffers = mean keeps them the same on any); the parameters "
+                 "and every microbatch are", recorded.buffers);
+  ReplayCheck check(evidence, range.first, range.last, buffers_compared);
   const auto started = std::chrono::steady_clock::now();
   std::optional<ReplayMismatch> mismatch;
   spdlog::set_level(spdlog::level::err);  // the replay's own start-up lines are not the story
@@ -241,6 +260,7 @@ int verify_command(const std::string& run_dir_given, const std::string& steps, b
   report["steps_checked"] = check.steps_checked();
   report["microbatch_digests_checked"] = check.microbatches_checked();
   report["state_digests_checked"] = check.states_checked();
+  report["buffers_compared"] = buffers_compared;
   report["verified"] = !mismatch;
   if (mismatch) {
     report["first_difference"] = {{"step", mismatch->step}, {"microbatch", mismatch->microbatch},

@@ -55,8 +55,8 @@ std::string Miscompute::describe() const {
 
 CrossChecker::CrossChecker(ControlGroup& control, int rank, int world_size, int64_t per_rank, int64_t every,
                            std::vector<std::string> hosts, std::vector<std::string> tensor_names)
-    : control_(control), rank_(rank), world_(world_size), per_rank_(std::max<int64_t>(1, per_rank)),
-      every_(world_size >= 2 ? every : 0), hosts_(std::move(hosts)), names_(std::move(tensor_names)) {}
+    : control_(control), rank_(rank), world_(world_size),
+      rotation_{std::max(2, world_size), std::max<int64_t>(1, per_rank)}, every_(world_size >= 2 ? every : 0), hosts_(std::move(hosts)), names_(std::move(tensor_names)) {}
 
 bool CrossChecker::due(int64_t step) const {
   if (world_ < 2) return false;
@@ -67,17 +67,14 @@ int64_t CrossChecker::check_number(int64_t step) const {
   return every_ > 0 && step % every_ == 0 ? step / every_ : step;
 }
 
-int CrossChecker::owner_checked_by(int checker, int64_t step) const {
-  const int64_t offset = 1 + check_number(step) % (world_ - 1);
-  return int((checker + offset) % world_);
-}
 
 int64_t CrossChecker::to_recompute(int64_t step) const {
-  return int64_t(owner_checked_by(rank_, step)) * per_rank_ + check_number(step) % per_rank_;
+  const int64_t c = check_number(step);
+  return rotation_.microbatch_of(rotation_.owner_checked_by(rank_, c), c);
 }
 
 int64_t CrossChecker::own_checked(int64_t step) const {
-  return int64_t(rank_) * per_rank_ + check_number(step) % per_rank_;
+  return rotation_.microbatch_of(rank_, check_number(step));
 }
 
 std::vector<Miscompute> CrossChecker::compare(const MicrobatchDigest& own, const std::vector<at::Tensor>& own_gradients,
@@ -105,7 +102,7 @@ std::vector<Miscompute> CrossChecker::compare(const MicrobatchDigest& own, const
   std::vector<Miscompute> found;
   std::vector<std::vector<size_t>> differing;  // per mismatch: tensor indices
   for (int checker = 0; checker < world_; ++checker) {
-    const int owner = owner_checked_by(checker, step);
+    const int owner = rotation_.owner_checked_by(checker, check_number(step));
     const auto& c = all[size_t(checker)];
     const auto& o = all[size_t(owner)];
     if (c[1] != o[0])

@@ -25,6 +25,19 @@
 
 namespace lockstep {
 
+// Who checks whom at the c-th check: arithmetic only, the same on every rank.
+struct CheckRotation {
+  int world = 2;
+  int64_t per_rank = 1;  // microbatches each rank computes in a step
+  // The rank whose microbatch `checker` recomputes (never itself; a
+  // permutation of the ranks for every c).
+  int owner_checked_by(int checker, int64_t c) const {
+    return int((checker + 1 + c % (world - 1)) % world);
+  }
+  // The index in the step of the microbatch of `owner` that is checked.
+  int64_t microbatch_of(int owner, int64_t c) const { return int64_t(owner) * per_rank + c % per_rank; }
+};
+
 // A microbatch whose recomputation differs from its owner's.
 struct Miscompute {
   int64_t step = 0, microbatch = 0;
@@ -72,11 +85,11 @@ class CrossChecker {
 
  private:
   int64_t check_number(int64_t step) const;
-  int owner_checked_by(int checker, int64_t step) const;
 
   ControlGroup& control_;
   int rank_, world_;
-  int64_t per_rank_, every_;
+  CheckRotation rotation_;
+  int64_t every_;
   std::vector<std::string> hosts_, names_;
   std::set<int64_t> asked_;
 };

@@ -68,7 +68,8 @@ StepRecord parse_record(const nlohmann::json& line, const std::string& where) {
       throw InputError(where + ": 'host' must be a string of at most 300 characters");
     record.host = host->get<std::string>();
   }
-  record.state = hex_in(line, "state", false, where);
+  record.state.parameters = hex_in(line, "parameters", false, where);
+  record.state.buffers = hex_in(line, "buffers", false, where);
   if (line.contains("threads")) record.threads = int(integer_in(line, "threads", 1, 4096, where));
   auto list = line.find("microbatches");
   if (list == line.end() || !list->is_array() || int64_t(list->size()) > kMaxMicrobatchesPerLine)
@@ -117,8 +118,8 @@ void EvidenceRecorder::on_microbatch(const MicrobatchDigest& microbatch) {
   pending_.push_back({{"index", microbatch.index}, {"grad", microbatch.combined()}, {"loss", microbatch.loss_sum}});
 }
 
-void EvidenceRecorder::on_step_end(int64_t step, const std::string& state_digest) {
-  out_.write({{"event", "step_evidence"},
+void EvidenceRecorder::on_step_end(int64_t step, const StateDigest& state) {
+  nlohmann::json line = {{"event", "step_evidence"},
               {"step", step},
               {"rank", where_.rank},
               {"world_size", where_.world_size},
@@ -126,8 +127,10 @@ void EvidenceRecorder::on_step_end(int64_t step, const std::string& state_digest
               {"host", where_.host},
               {"threads", where_.threads},
               {"after_checkpoint", checkpoint_},
-              {"microbatches", pending_},
-              {"state", state_digest}});
+              {"microbatches", pending_}};
+  if (!state.parameters.empty()) line["parameters"] = state.parameters;
+  if (!state.buffers.empty()) line["buffers"] = state.buffers;
+  out_.write(line);
   pending_ = nlohmann::json::array();
 }
 
@@ -194,21 +197,26 @@ void ReplayCheck::on_microbatch(const MicrobatchDigest& microbatch) {
   }
 }
 
-void ReplayCheck::on_step_end(int64_t step, const std::string& state_digest) {
+void ReplayCheck::on_step_end(int64_t step, const StateDigest& state) {
   if (step < first_) return;
   ++steps_checked_;
   const auto records = evidence_.steps.find(step);
   if (records == evidence_.steps.end()) return;
   for (const auto& record : records->second) {
-    if (record.state.empty()) continue;
-    ++states_checked_;
-    if (record.state == state_digest) continue;
-    throw ReplayMismatch(fmt::format("step {}: the state after it (parameters and buffers) differs: rank {} ({}, "
-                                     "generation {} on {} ranks) recorded {}, the replay computed {} ({}:{})",
-                                     step, record.rank, record.host.empty() ? "host unknown" : record.host,
-                                     record.generation, record.world_size, record.state, state_digest, record.file,
-                                     record.line),
-                         step, -1, record.rank);
+    for (const bool buffers : {false, true}) {
+      const std::string& recorded = buffers ? record.state.buffers : record.state.parameters;
+      const std::string& computed = buffers ? state.buffers : state.parameters;
+      if (recorded.empty() || (buffers && !buffers_)) continue;
+      ++states_checked_;
+      if (recorded == computed) continue;
+      throw ReplayMismatch(fmt::format("step {}: the {} after it differ: rank {} ({}, generation {} on {} ranks) "
+                                       "recorded {}, the replay computed {} ({}:{})",
+                                       step, buffers ? "buffers" : "parameters", record.rank,
+                                       record.host.empty() ? "host unknown" : record.host, record.generation,
+                                       record.world_size, recorded, computed.empty() ? "none" : computed,
+                                       record.file, record.line),
+                           step, -1, record.rank);
+    }
   }
 }
 

@@ -9,6 +9,13 @@
 // few hundred bytes per step. A step that did not end (a failure, an
 // exclusion) leaves no line: what is recorded was applied.
 //
+// The state a step left: a digest of the parameters and one of the
+// buffers ("" when the model has none), apart, because a buffer policy
+// other than comm.buffers = mean ties the buffers to the world size.
+struct StateDigest {
+  std::string parameters, buffers;
+};
+
 // A StepEvidence is told of every microbatch and every step's end by the
 // trainer; the recorder writes the lines, a replay (`lockstep verify`)
 // compares them.
@@ -48,8 +55,9 @@ class StepEvidence {
   virtual ~StepEvidence() = default;
   // After each microbatch's backward, in the order computed.
   virtual void on_microbatch(const MicrobatchDigest& microbatch) = 0;
-  // After step `step` (1-based) ended, updated or skipped: the state it left.
-  virtual void on_step_end(int64_t step, const std::string& state_digest) = 0;
+  // After step `step` (1-based) ended, updated or skipped: the state it
+  // left (empty digests: this rank does not record it).
+  virtual void on_step_end(int64_t step, const StateDigest& state) = 0;
   // The following steps continue from the checkpoint of step `step` (0:
   // the run's start): one was written, or the run resumed from it.
   virtual void on_checkpoint(int64_t step) { (void)step; }
@@ -70,7 +78,7 @@ class EvidenceRecorder : public StepEvidence {
   EvidenceRecorder(EventWriter& out, Where where) : out_(out), where_(std::move(where)) {}
   void on_checkpoint(int64_t step) override { checkpoint_ = step; }
   void on_microbatch(const MicrobatchDigest& microbatch) override;
-  void on_step_end(int64_t step, const std::string& state_digest) override;
+  void on_step_end(int64_t step, const StateDigest& state) override;
 
  private:
   EventWriter& out_;
@@ -88,7 +96,7 @@ struct StepRecord {
   std::string host;
   int threads = 0;  // 0: not recorded
   int64_t after_checkpoint = -1;  // -1: unknown (the step continued from a state in memory)
-  std::string state;                          // "" when the line has none
+  StateDigest state;                          // "" where the line has none
   std::map<int64_t, std::string> microbatches;  // index -> combined digest
   std::map<int64_t, double> losses;             // index -> loss sum
   std::string file;                             // where it was read, for messages
@@ -114,20 +122,22 @@ class ReplayMismatch : public RunError {
   int rank;
 };
 
-// Compares a replay with a run's evidence, step by step: every recorded
-// digest of a microbatch the replay computes, and of the state after each
-// step, must equal the replay's. Throws ReplayMismatch at the first that differs.
 // step-evidence-g<generation>-rank<N>.jsonl: one process's, in one
 // generation (an elastic job's ranks are numbered again in each).
 std::string step_evidence_file(int64_t generation, int rank);
 
+// Compares a replay with a run's evidence, step by step: every recorded
+// digest of a microbatch the replay computes, and of the state after each
+// step, must equal the replay's. Throws ReplayMismatch at the first that differs.
 class ReplayCheck : public StepEvidence {
  public:
   // Steps [first, last] are compared (the replay may start before first).
-  ReplayCheck(const RunEvidence& evidence, int64_t first, int64_t last)
-      : evidence_(evidence), first_(first), last_(last) {}
+  // `buffers`: whether the buffers' digests are compared too (not when the
+  // run's buffer policy tied them to its world size).
+  ReplayCheck(const RunEvidence& evidence, int64_t first, int64_t last, bool buffers = true)
+      : evidence_(evidence), first_(first), last_(last), buffers_(buffers) {}
   void on_microbatch(const MicrobatchDigest& microbatch) override;
-  void on_step_end(int64_t step, const std::string& state_digest) override;
+  void on_step_end(int64_t step, const StateDigest& state) override;
   int64_t last_step() const override { return last_; }
 
   int64_t steps_checked() const { return steps_checked_; }
@@ -137,6 +147,7 @@ class ReplayCheck : public StepEvidence {
  private:
   const RunEvidence& evidence_;
   int64_t first_, last_;
+  bool buffers_;
   int64_t steps_checked_ = 0, microbatches_checked_ = 0, states_checked_ = 0;
 };
 

@@ -41,7 +41,7 @@ void StepLoop::set_up_cross_checks() {
       "audit.verify_every", std::to_string(audit.verify_every),
       fmt::format("{}every {} steps each rank computes again one microbatch that another rank computed (the "
                   "checker and the microbatch rotate) and the digests of their gradients and losses are "
-                  "compared: about {:.2g}% more compute with {} microbatch(es) per rank; a mismatch: "
+                  "compared: about {:.3g}% more compute with {} microbatch(es) per rank; a mismatch: "
                   "audit.on_miscompute = {}",
                   by_default ? "the default, chosen from tests/bench/verify_cost.py (under 2% of a step's time): " : "",
                   audit.verify_every, share, config_.train.accum_steps, audit.on_miscompute),
@@ -109,10 +109,12 @@ void StepLoop::act_on_miscompute(const std::vector<Miscompute>& found) {
                            first.owner_host, first.owner);
 }
 
-std::string StepLoop::state_digest() const {
-  NamedDigests digests{{"parameters", bits_digest(reducer_.flat().first)}};
-  for (const auto& [name, buffer] : model_.buffers()) digests.emplace_back(name, bits_digest(buffer));
-  return combined_hex(digests);
+StateDigest StepLoop::state_digest() const {
+  StateDigest state{bits_digest(reducer_.flat().first).hex(), ""};
+  NamedDigests buffers;
+  for (const auto& [name, buffer] : model_.buffers()) buffers.emplace_back(name, bits_digest(buffer));
+  if (!buffers.empty()) state.buffers = combined_hex(buffers);
+  return state;
 }
 
 }  // namespace lockstep::train_internal

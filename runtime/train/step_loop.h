@@ -67,7 +67,7 @@ class StepLoop {
                                       const std::vector<at::Tensor>& own_gradients);
   void act_on_miscompute(const std::vector<Miscompute>& found);
   // Digest of the parameters (their flat buffer) and every buffer.
-  std::string state_digest() const;
+  StateDigest state_digest() const;
   bool replaying() const { return parts_.evidence && parts_.evidence->last_step() > 0; }
   // Says where the resumed checkpoint was written and where it continues.
   void record_checkpoint_device(const std::string& written_on);

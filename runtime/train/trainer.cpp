@@ -266,7 +266,7 @@ TrainingResult StepLoop::run_steps() {
     const bool updated = update(step, global_valid);
     if (parts_.evidence) {
       const auto digest_start = PhaseTimer::Clock::now();
-      parts_.evidence->on_step_end(step + 1, parts_.rank == 0 ? state_digest() : "");
+      parts_.evidence->on_step_end(step + 1, parts_.rank == 0 ? state_digest() : StateDigest{});
       result_.step_evidence_s += std::chrono::duration<double>(PhaseTimer::Clock::now() - digest_start).count();
     }
     boundary_step_ = step + 1;

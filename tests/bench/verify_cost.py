@@ -4,7 +4,8 @@
 Step time of a 2-rank `lockstep run` (Gloo, one thread per rank, exact
 summation, one microbatch per rank) with audit.verify_every = 0 (no
 cross-check), 1, 10 and 100, on the cnn (synthetic data, batch 64 per rank)
-and the scripted resnet18 (scripted_resnet.py: batch 32 per rank). The step
+and the scripted resnet18 (scripted_resnet.py: batch 32 per rank, comm.buffers =
+mean: the buffers too are the same on any world size). The step
 time is the mean over the second half of the run, read from the step events'
 times (a median would hide a check every 10 or 100 steps). Repetitions
 interleaved (every setting of every model once per repetition); median and
@@ -41,7 +42,7 @@ def run(build, model, folder, every):
     if model == "resnet18":
         job = os.path.join(compare_ddp.SOURCE, "examples/resnet18/job.toml")
         sets = ["data.name=arrays", f"data.train={folder}/data", f"data.test={folder}/data",
-                f"model.path={folder}/resnet18.pt", f"data.batch_size={scripted_resnet.BATCH}",
+                f"model.path={folder}/resnet18.pt", f"data.batch_size={scripted_resnet.BATCH}", "comm.buffers=mean",
                 "optim.warmup_steps=0", "optim.schedule=constant", "optim.nesterov=false", "precision=fp32"]
     else:
         job = os.path.join(compare_ddp.SOURCE, "examples/synthetic.toml")

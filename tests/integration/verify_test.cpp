@@ -143,11 +143,11 @@ TEST(CrossCheck, AlteredEvidenceIsNamedByStepMicrobatchAndRank) {
   // The state after a step, altered in rank 0's line of step 12.
   const std::string first = evidence_files(r.folder).front();
   auto zero = lines_of(first);
-  zero[11] = altered(zero[11], "state");
+  zero[11] = altered(zero[11], "parameters");
   write_lines(first, zero);
   auto states = verify(r.folder, {"--steps", "8:20"});
   EXPECT_EQ(states.exit_code, 1) << states.output;
-  EXPECT_NE(states.output.find("DIFFERS at step 12: the state after it (parameters and buffers) differs: rank 0"),
+  EXPECT_NE(states.output.find("DIFFERS at step 12: the parameters after it differ: rank 0"),
             std::string::npos) << states.output;
 }
 
