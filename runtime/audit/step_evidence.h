@@ -2,8 +2,9 @@
 // What a run keeps to prove its arithmetic afterwards, and what a replay
 // checks it against. Per step and rank, one line of the rank's audit
 // evidence (audit-rank<N>.jsonl, event "step_evidence"): the digest of each
-// microbatch's gradient and loss the rank computed (before any sum), the
-// digest of the state the step left (parameters and buffers), the world
+// microbatch's gradient and loss the rank computed (before any sum), on
+// rank 0 every audit.every steps and at the end the digests of the state
+// the step left (parameters, buffers), the world
 // size, generation, host and the checkpoint the step follows, in
 // step-evidence-g<G>-rank<N>.jsonl beside the audits. Digests, not tensors: a
 // few hundred bytes per step. A step that did not end (a failure, an

@@ -266,7 +266,12 @@ TrainingResult StepLoop::run_steps() {
     const bool updated = update(step, global_valid);
     if (parts_.evidence) {
       const auto digest_start = PhaseTimer::Clock::now();
-      parts_.evidence->on_step_end(step + 1, parts_.rank == 0 ? state_digest() : StateDigest{});
+      // The state every audit.every steps (10 without audits) and at the
+      // end: a wrong update shows in the next step's microbatch digests,
+      // so a digest of the whole model every step would only add its cost.
+      const int64_t every = config_.audit.every > 0 ? config_.audit.every : 10;
+      const bool state_now = parts_.rank == 0 && (replaying() || (step + 1) % every == 0 || step + 1 == steps_);
+      parts_.evidence->on_step_end(step + 1, state_now ? state_digest() : StateDigest{});
       result_.step_evidence_s += std::chrono::duration<double>(PhaseTimer::Clock::now() - digest_start).count();
     }
     boundary_step_ = step + 1;

@@ -101,7 +101,7 @@ def main():
                             replay[model].append(replay_seconds_per_step(build, r["run_dir"], STEPS[model]))
                     else:
                         cost[model][every].append(r["step_s"] / base - 1)
-                print(f"repetition {rep + 1}/{repetitions} done", file=sys.stderr)
+            print(f"repetition {rep + 1}/{repetitions} done", file=sys.stderr)
     out = {"setup": {"ranks": 2, "backend": "gloo", "threads_per_rank": 1, "summation": "exact",
                      "microbatches_per_rank": 1, "steps": STEPS, "cnn_batch_per_rank": 64,
                      "resnet18_batch_per_rank": scripted_resnet.BATCH, "repetitions": repetitions,
