@@ -87,7 +87,8 @@ RecordedRun recorded_run(const std::string& run_dir) {
   }
   if (auto decisions = manifest.find("decisions"); decisions != manifest.end() && decisions->is_array())
     for (const auto& d : *decisions)
-      if (d.is_object() && d.value("what", std::string()) == "buffers" && d.contains("value") && d["value"].is_string())
+      if (d.is_object() && d.contains("what") && d["what"].is_string() && d["what"].get<std::string>() == "buffers" &&
+          d.contains("value") && d["value"].is_string())
         out.buffers = d["value"].get<std::string>().substr(0, 200);
   return out;
 }

@@ -163,7 +163,9 @@ RunEvidence read_run_evidence(const std::string& run_dir) {
       std::string why;
       const nlohmann::json line = parse_untrusted_json(text, &why, JsonLimits{kMaxEvidenceLine, 8});
       if (line.is_discarded()) throw InputError(where + ": truncated or corrupt line (" + why + ")");
-      if (!line.is_object() || line.value("event", std::string()) != "step_evidence") continue;
+      if (!line.is_object()) continue;
+      const auto event = line.find("event");
+      if (event == line.end() || !event->is_string() || event->get_ref<const std::string&>() != "step_evidence") continue;
       StepRecord record = parse_record(line, where);
       record.file = path.string();
       record.line = number;

@@ -34,6 +34,8 @@ nlohmann::json parse_untrusted_json(std::string_view text, std::string* why, Jso
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     return refuse(std::string("not valid JSON (") + e.what() + ")");
+  } catch (const nlohmann::json::exception& e) {  // a number beyond a double (1e999) is out_of_range
+    return refuse(std::string("not valid JSON (") + e.what() + ")");
   }
 }
 

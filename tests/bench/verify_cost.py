@@ -11,7 +11,9 @@ times (a median would hide a check every 10 or 100 steps). Repetitions
 interleaved (every setting of every model once per repetition); median and
 range of each setting and of its cost against verify_every = 0.
 
-Also, from the runs with verify_every = 0: the share of training spent on
+The checks' own time, measured where they run (the audit phase, audits
+being off), as a share of the training time: the same cost without the
+run-to-run noise of step times. Also, from the runs with verify_every = 0: the share of training spent on
 the step evidence every run records (each microbatch's gradient digest,
 rank 0's state digest per step), and what `lockstep verify` costs: seconds
 per replayed step on one rank (it computes both ranks' microbatches).
@@ -59,7 +61,9 @@ def run(build, model, folder, every):
     mean_step = (at[steps] - at[steps // 2]) / (steps - steps // 2)
     phases = end["phases"]
     training = sum(phases.get(p, 0) for p in ("data", "forward_backward", "comm_wait", "optimizer", "audit"))
-    return {"step_s": mean_step, "run_dir": run_dir,
+    # audit.every = 0: the audit phase holds the cross-checks alone (the
+    # recomputation and the comparison), measured where they run.
+    return {"step_s": mean_step, "run_dir": run_dir, "check_share": phases.get("audit", 0) / training if training else 0,
             "evidence_share": end["metrics"].get("step_evidence_s", 0) / training if training else 0,
             "cross_checks": end["metrics"].get("cross_checks", 0)}
 
@@ -84,6 +88,7 @@ def main():
     models = sys.argv[3].split(",") if len(sys.argv) > 3 else ["cnn", "resnet18"]
     step_ms = {m: {e: [] for e in EVERY} for m in models}
     cost = {m: {e: [] for e in EVERY if e} for m in models}
+    check_share = {m: {e: [] for e in EVERY if e} for m in models}
     evidence, replay = {m: [] for m in models}, {m: [] for m in models}
     with tempfile.TemporaryDirectory() as folder:
         if "resnet18" in models:
@@ -101,6 +106,7 @@ def main():
                             replay[model].append(replay_seconds_per_step(build, r["run_dir"], STEPS[model]))
                     else:
                         cost[model][every].append(r["step_s"] / base - 1)
+                        check_share[model][every].append(r["check_share"])
             print(f"repetition {rep + 1}/{repetitions} done", file=sys.stderr)
     out = {"setup": {"ranks": 2, "backend": "gloo", "threads_per_rank": 1, "summation": "exact",
                      "microbatches_per_rank": 1, "steps": STEPS, "cnn_batch_per_rank": 64,
@@ -112,11 +118,14 @@ def main():
         out["models"][model] = {
             "step_ms": {f"verify_every_{e}": summary(step_ms[model][e]) for e in EVERY},
             "cost_vs_off": {f"verify_every_{e}": summary(cost[model][e]) for e in EVERY if e},
+            "check_share_of_training": {f"verify_every_{e}": summary(check_share[model][e]) for e in EVERY if e},
             "step_evidence_share_of_training": summary(evidence[model]),
             "verify_replay_s_per_step": replay[model][0] if replay[model] else None,
         }
         print(f"{model}: step ms off {summary(step_ms[model][0])['median']:.1f}; cost "
-              + ", ".join(f"every {e}: {100 * summary(cost[model][e])['median']:+.2f}%" for e in EVERY if e)
+              + ", ".join(f"every {e}: {100 * summary(cost[model][e])['median']:+.2f}% "
+                          f"(checks {100 * summary(check_share[model][e])['median']:.2f}% of training)"
+                          for e in EVERY if e)
               + f"; step evidence {100 * summary(evidence[model])['median']:.2f}% of training", file=sys.stderr)
     print(json.dumps(out, indent=2))
 

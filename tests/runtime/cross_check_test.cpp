@@ -1,6 +1,9 @@
 // The arithmetic checks' pieces without processes: the rotation that
 // decides who recomputes whose microbatch, the digest of one microbatch,
 // and the step evidence written, read back and compared by a replay.
+#include <fstream>
+#include <iterator>
+#include <random>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -98,6 +101,52 @@ TEST(StepEvidence, WrittenReadBackAndReplayedItNamesTheFirstDifferenceByStepMicr
   ReplayCheck no_buffers(evidence, 1, 3, /*buffers=*/false);
   EXPECT_NO_THROW(no_buffers.on_step_end(1, StateDigest{"00ff0", "cd"}));
   EXPECT_THROW(no_buffers.on_step_end(2, StateDigest{"0000", "ab"}), ReplayMismatch);
+}
+
+// Step evidence is read from outside: random changes to a valid file are
+// read or refused as InputError, never a crash, a hang or another error.
+TEST(StepEvidence, RandomlyDamagedEvidenceIsReadOrRefusedAsBadInput) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/" + step_evidence_file(1, 0);
+  {
+    EventWriter out(path);
+    EvidenceRecorder recorder(out, {0, 2, 1, "host0", 1});
+    for (int s = 1; s <= 3; ++s) {
+      recorder.on_microbatch(digest_microbatch(s, 0, {torch::ones({4}) * s}, 1.0, 4));
+      recorder.on_step_end(s, StateDigest{"00ff", "ab"});
+    }
+  }
+  std::ifstream in(path);
+  const std::string valid((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::mt19937 random(7);
+  const std::string bytes = "{}[]\":,0123456789-.eE\n\\ azAZ\x01\xff";
+  int read = 0, refused = 0;
+  for (int round = 0; round < 3000; ++round) {
+    std::string text = valid;
+    const int changes = 1 + int(random() % 4);
+    for (int c = 0; c < changes; ++c) {
+      const size_t at = random() % text.size();
+      switch (random() % 3) {
+        case 0: text[at] = bytes[random() % bytes.size()]; break;
+        case 1: text.erase(at, 1 + random() % 8); break;
+        default: text.insert(at, std::string(1 + random() % 3, bytes[random() % bytes.size()]));
+      }
+      if (text.empty()) text = "x";
+    }
+    std::ofstream(path, std::ios::trunc) << text;
+    try {
+      read_run_evidence(dir.path());
+      ++read;
+    } catch (const InputError&) {
+      ++refused;
+    }
+  }
+  EXPECT_EQ(read + refused, 3000);
+  EXPECT_GT(refused, 100);
+  // What the first run of this test found: a number beyond a double was an
+  // uncaught parser exception, not bad input.
+  std::ofstream(path, std::ios::trunc) << R"({"event":"step_evidence","step":1e999})" << "\n";
+  EXPECT_THROW(read_run_evidence(dir.path()), InputError);
 }
 
 }  // namespace
