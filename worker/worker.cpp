@@ -281,6 +281,8 @@ WorkerSummary run_worker(const JobConfig& config, Rendezvous& rendezvous, const 
     kernels["threads"] = machine.intra_op_threads;
     const ProbeResult probe = run_arithmetic_probe(device, config.test.probe_fault_rank == rank);
     check_arithmetic(*control, probe, kernels.dump(), hosts, decisions);
+    events.write({{"event", "arithmetic_probe"}, {"seconds", probe.seconds},
+                  {"kernel_digest", fmt::format("{:016x}", probe.kernel_digest)}, {"kernels", kernels}});
     // Seeding, first half: the same init on every rank, checked.
     seed_everything(uint64_t(config.job.seed));
     std::shared_ptr<Model> model = registry.build(config.model);

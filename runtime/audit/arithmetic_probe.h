@@ -33,8 +33,9 @@ struct ProbeResult {
 ProbeResult run_arithmetic_probe(const c10::Device& device, bool flip_a_bit);
 
 // All-gathers the results with each rank's `kernels` (what decides its
-// bits); records the outcome as a decision, or throws RunError naming the
-// ranks that computed wrong and their hosts.
+// bits); records the outcome as a decision (the same text on every rank,
+// so it prints once), or throws RunError naming the ranks that computed
+// wrong and their hosts.
 void check_arithmetic(ControlGroup& control, const ProbeResult& mine, const std::string& kernels,
                       const std::vector<std::string>& hosts, DecisionLog& decisions);
 
